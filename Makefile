@@ -1,0 +1,38 @@
+# The course's two commands:  make lab  (run the course)  and  make test  (run every test).
+# Both create/reuse .venv and install what they need; nothing else is assumed.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+ENGINES ?= 2
+PORT    ?= 8888
+LAB_ARGS ?=
+
+.PHONY: lab test install doctor bench lint clean
+
+lab: install
+	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
+
+test: install
+	$(PY) -m ruff check course_utils tests
+	$(PY) -m pytest
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+doctor: install
+	$(VENV)/bin/course doctor
+
+bench: install
+	$(VENV)/bin/course bench startup
+
+lint: install
+	$(PY) -m ruff check course_utils tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

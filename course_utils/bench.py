@@ -1,0 +1,107 @@
+"""Benchmarks (measured, never asserted in tests): ``course bench startup``.
+
+Prints human-readable lines, then one JSON line last.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+RAW_INIT = """
+import os, torch, torch.distributed as dist
+os.environ['MASTER_ADDR'] = '127.0.0.1'
+os.environ['MASTER_PORT'] = str(port)
+dist.init_process_group('gloo', rank=rank, world_size=world_size)
+t = torch.ones(1)
+dist.all_reduce(t)
+"""
+
+
+def _noop() -> int:
+    return 0
+
+
+def _median_ms(fn: Any, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def raw_cold_ready(n: int) -> float:
+    """What a learner writes without our helpers: plain ipyparallel + torch, cold."""
+    import ipyparallel as ipp
+
+    from .ports import free_port
+
+    t0 = time.perf_counter()
+    cl = ipp.Cluster(n=n, cluster_id=f"bench-raw-{os.getpid()}", log_level=logging.WARNING)
+    rc = cl.start_and_connect_sync()
+    try:
+        view = rc[:]
+        view.scatter("rank", list(range(n)), flatten=True, block=True)
+        view.push({"world_size": n, "port": free_port()}, block=True)
+        view.execute(RAW_INIT, block=True)
+        elapsed = time.perf_counter() - t0
+    finally:
+        rc.close()
+        cl.stop_cluster_sync()
+    return elapsed
+
+
+def startup(n: int = 2, repeat: int = 200) -> dict[str, Any]:
+    from . import cluster, torch_dist
+
+    # Warm the page cache for torch so neither contender pays the first disk read.
+    subprocess.run([sys.executable, "-c", "import torch.distributed"], check=True)
+
+    raw = raw_cold_ready(n)
+    print(f"raw ipyparallel + torch, cold:  {raw:.2f} s")
+
+    cid = f"bench-{os.getpid()}"
+    t0 = time.perf_counter()
+    cc = cluster.start(n=n, cluster_id=cid)
+    torch_dist.init(cc)
+    cold = time.perf_counter() - t0
+    print(f"course helpers, cold:           {cold:.2f} s")
+    try:
+        # Warm: a fresh connection (as a new notebook kernel makes) to the running cluster.
+        cc.client.close()
+        cluster._current = None
+        t0 = time.perf_counter()
+        cc2 = cluster.start(cluster_id=cid)
+        info = torch_dist.init(cc2)
+        warm = time.perf_counter() - t0
+        print(f"course helpers, warm:           {warm:.3f} s (group reused: {info['reused']})")
+
+        helper = _median_ms(lambda: cc2.run(_noop), repeat)
+        raw_view = cc2.client[cc2.ranks.engine_ids]
+        rawrt = _median_ms(lambda: raw_view.apply_sync(_noop), repeat)
+        print(f"round trip, helper / raw:       {helper:.2f} ms / {rawrt:.2f} ms")
+    finally:
+        cc.owned = True
+        cc2.owned = True
+        cc2.stop(force=True)
+        cluster._stop_cluster(cc.cluster)
+    return {
+        "engines": n,
+        "cold_ready_s": round(cold, 3),
+        "warm_ready_s": round(warm, 3),
+        "raw_cold_ready_s": round(raw, 3),
+        "helper_roundtrip_ms": round(helper, 3),
+        "raw_roundtrip_ms": round(rawrt, 3),
+        "roundtrip_ratio": round(helper / rawrt, 3),
+    }
+
+
+def print_json(result: dict[str, Any]) -> None:
+    print(json.dumps(result, sort_keys=True))

@@ -1,0 +1,536 @@
+"""Cluster lifecycle: start or connect, rank map, calls on every rank, restart, stop.
+
+Introduced in ``00_cluster_tour``. This layer imports neither torch nor TensorFlow: frameworks
+attach to it through :meth:`CourseCluster.on_restart` / :meth:`CourseCluster.on_stop` hooks.
+
+Typical notebook use::
+
+    import course_utils as cu
+    cluster = cu.start()          # idempotent: reuses a running cluster (course lab's or ours)
+    cu.init_torch()               # process group on every engine
+    %%px                          # every later cell runs on every rank
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ipyparallel as ipp
+
+from . import engine, settings
+from .errors import (
+    ClusterNotRunning,
+    ClusterTimeout,
+    EngineError,
+    EnginesDidNotStart,
+    WorldSizeMismatch,
+)
+from .profiles import ClusterProfile, load_profile
+from .ranks import RankMap, build_rank_map
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_MS = 500
+HEARTBEAT_MISSES = 20
+
+_current: CourseCluster | None = None
+
+
+def profile_dir(name: str | None = None) -> str:
+    """The IPython profile directory that holds cluster files and engine logs (created if new)."""
+    from IPython.core.profiledir import ProfileDir
+    from IPython.paths import get_ipython_dir
+
+    name = name or settings.ipython_profile()
+    ipdir = get_ipython_dir()
+    try:
+        return ProfileDir.find_profile_dir_by_name(ipdir, name).location
+    except Exception:
+        return ProfileDir.create_profile_dir_by_name(ipdir, name).location
+
+
+def cluster_file(cluster_id: str | None = None, pdir: str | None = None) -> Path:
+    cid = cluster_id or settings.cluster_id()
+    return Path(pdir or profile_dir()) / "security" / f"cluster-{cid}.json"
+
+
+class CourseCluster:
+    """A connected cluster: the ipyparallel client, a view on all engines and the rank map."""
+
+    def __init__(
+        self,
+        cluster: ipp.Cluster,
+        client: ipp.Client,
+        profile: ClusterProfile,
+        owned: bool,
+        n: int,
+    ) -> None:
+        self.cluster = cluster
+        self.client = client
+        self.profile = profile
+        self.owned = owned
+        self.n = n
+        self.rank_map: RankMap | None = None
+        self.view = client.direct_view("all")
+        self.view.block = True
+        self._restart_hooks: dict[str, Callable[[CourseCluster], Any]] = {}
+        self._stop_hooks: dict[str, Callable[[CourseCluster], Any]] = {}
+        self.started_at = time.time()
+
+    # ---- facts -------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def ranks(self) -> RankMap:
+        if self.rank_map is None:
+            raise ClusterNotRunning("the cluster has no rank map yet", "call cu.start() first")
+        return self.rank_map
+
+    @property
+    def cluster_id(self) -> str:
+        return self.cluster.cluster_id
+
+    def __repr__(self) -> str:
+        who = "started here" if self.owned else "connected"
+        return (
+            f"<CourseCluster {self.cluster_id!r} profile={self.profile.name} "
+            f"engines={len(self.client.ids)} ({who})>"
+        )
+
+    # ---- calls on the engines ----------------------------------------------------------
+    def _wait(self, ar: Any, timeout: float | None, what: str) -> Any:
+        timeout = settings.call_timeout() if timeout is None else timeout
+        try:
+            return ar.get(timeout=timeout)
+        except ipp.error.TimeoutError:
+            pending = [eid for eid, done in zip(ar._targets, _done_flags(ar), strict=False)
+                       if not done]
+            ranks = [self.ranks.by_engine(e).rank for e in pending if self._has_engine(e)]
+            raise ClusterTimeout(
+                f"{what} did not finish within {timeout:g} s; still running on ranks {ranks}. "
+                "A collective that some ranks never joined blocks forever, and Ctrl-C "
+                "(SIGINT) cannot break it",
+                "run cu.restart() to replace the engines (the process group is rebuilt), "
+                "then re-run the cell; check every rank calls the same collectives in order",
+            ) from None
+        except ipp.error.CompositeError as exc:
+            raise _engine_error(exc, self) from exc
+        except ipp.error.RemoteError as exc:
+            raise _engine_error(exc, self) from exc
+
+    def _has_engine(self, eid: int) -> bool:
+        try:
+            self.ranks.by_engine(eid)
+            return True
+        except KeyError:
+            return False
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
+            **kwargs: Any) -> list[Any]:
+        """Call ``fn(*args, **kwargs)`` on every rank; results are returned in rank order."""
+        view = self.client[self.ranks.engine_ids]
+        ar = view.apply_async(fn, *args, **kwargs)
+        return self._wait(ar, timeout, f"{getattr(fn, '__name__', 'call')}()")
+
+    def run_per_rank(self, fn: Callable[..., Any], args_by_rank: Sequence[Sequence[Any]],
+                     timeout: float | None = None) -> list[Any]:
+        """Call ``fn(*args_by_rank[r])`` on rank ``r`` for every rank, concurrently."""
+        if len(args_by_rank) != self.world_size:
+            raise WorldSizeMismatch(
+                f"got arguments for {len(args_by_rank)} ranks, the cluster has {self.world_size}",
+                "pass one argument tuple per rank",
+            )
+        ars = [
+            self.client[info.engine_id].apply_async(fn, *args)
+            for info, args in zip(self.ranks, args_by_rank, strict=True)
+        ]
+        deadline = time.monotonic() + (settings.call_timeout() if timeout is None else timeout)
+        return [self._wait(ar, max(0.0, deadline - time.monotonic()),
+                           getattr(fn, "__name__", "call") + "()") for ar in ars]
+
+    def run_on(self, rank: int, fn: Callable[..., Any], *args: Any,
+               timeout: float | None = None) -> Any:
+        """Call ``fn`` on one rank only."""
+        ar = self.client[self.ranks[rank].engine_id].apply_async(fn, *args)
+        return self._wait(ar, timeout, f"{getattr(fn, '__name__', 'call')}() on rank {rank}")
+
+    def call(self, name: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """Call the function ``name`` defined in every rank's ``%%px`` namespace (rank order).
+
+        This is how test cells in the kernel check a function a learner wrote in a ``%%px`` cell.
+        """
+        return self.run(engine.call_named, name, args, kwargs, timeout=timeout)
+
+    def pull(self, name: str, timeout: float | None = None) -> list[Any]:
+        """A variable from every rank's ``%%px`` namespace, in rank order."""
+        ar = self.client[self.ranks.engine_ids].pull(name, block=False)
+        return self._wait(ar, timeout, f"pull({name!r})")
+
+    def push(self, namespace: dict[str, Any], timeout: float | None = None) -> None:
+        """Set variables in every rank's ``%%px`` namespace."""
+        ar = self.client[self.ranks.engine_ids].push(namespace, block=False)
+        self._wait(ar, timeout, "push()")
+
+    def ping(self, timeout: float = 5.0) -> bool:
+        """True when every engine answers within ``timeout`` seconds."""
+        try:
+            ar = self.client[self.ranks.engine_ids].apply_async(os.getpid)
+            ar.get(timeout=timeout)
+            return True
+        except Exception:
+            return False
+
+    # ---- hooks for frameworks ----------------------------------------------------------
+    def on_restart(self, key: str, hook: Callable[[CourseCluster], Any] | None) -> None:
+        """Run ``hook(cluster)`` after the engines were replaced (e.g. rebuild a process group)."""
+        _set_hook(self._restart_hooks, key, hook)
+
+    def on_stop(self, key: str, hook: Callable[[CourseCluster], Any] | None) -> None:
+        """Run ``hook(cluster)`` before the cluster stops (e.g. destroy a process group)."""
+        _set_hook(self._stop_hooks, key, hook)
+
+    # ---- rank map ----------------------------------------------------------------------
+    def refresh_ranks(self, timeout: float | None = None) -> RankMap:
+        """Ask every engine who it is, assign ranks, and push each engine its rank."""
+        ids = sorted(self.client.ids)
+        where = self.profile.controller_ip or "127.0.0.1"
+        ar = self.client[ids].apply_async(engine.describe, where)
+        try:
+            descs = ar.get(timeout=settings.call_timeout() if timeout is None else timeout)
+        except ipp.error.TimeoutError:
+            raise ClusterTimeout(
+                "engines did not answer who they are",
+                "an engine is busy or stuck: run cu.restart()",
+            ) from None
+        rank_map = build_rank_map(
+            dict(zip(ids, descs, strict=True)),
+            host_order=self.profile.host_order,
+            local=self.profile.is_local,
+        )
+        ars = []
+        for info in rank_map:
+            env = info.as_env()
+            ars.append(self.client[info.engine_id].apply_async(
+                engine.install, {**info.__dict__}, env))
+        for ar in ars:
+            ar.get(timeout=settings.call_timeout() if timeout is None else timeout)
+        self.rank_map = rank_map
+        return rank_map
+
+    def activate(self) -> None:
+        """Make ``%%px`` run on every engine of this cluster, with quiet, ordered output."""
+        self.view = self.client.direct_view("all")
+        self.view.block = True
+        ip = _ipython()
+        if ip is not None:  # outside IPython there are no magics to register
+            self.view.activate()
+            with contextlib.suppress(Exception):
+                ip.run_line_magic("pxconfig", "--progress-after -1")
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def restart(self, timeout: float | None = None) -> CourseCluster:
+        """Replace every engine (the only cure for a rank stuck in a collective), then re-run
+        the restart hooks so the process group comes back. Engines get new ids."""
+        timeout = settings.start_timeout() if timeout is None else timeout
+        n = self.n
+        old = set(self.client.ids)
+        _stop_engines(self.cluster)
+        _start_engines(self.cluster, self.profile, n)
+        _wait_for_engines(self.cluster, self.client, n, timeout, exclude=old)
+        self.refresh_ranks()
+        self.activate()
+        for hook in list(self._restart_hooks.values()):
+            hook(self)
+        return self
+
+    def stop(self, force: bool = False) -> None:
+        """Run stop hooks; stop the cluster if this process started it (or ``force``)."""
+        global _current
+        for hook in list(self._stop_hooks.values()):
+            with contextlib.suppress(Exception):
+                hook(self)
+        if self.owned or force:
+            with contextlib.suppress(Exception):
+                self.client.close()
+            _stop_cluster(self.cluster)
+        else:
+            with contextlib.suppress(Exception):
+                self.client.close()
+        if _current is self:
+            _current = None
+
+
+# ---- module-level API ----------------------------------------------------------------------
+def current() -> CourseCluster:
+    """The cluster this kernel is using; raises a clear error when there is none."""
+    if _current is None:
+        raise ClusterNotRunning("no cluster is connected in this kernel", "run cu.start() first")
+    return _current
+
+
+def start(
+    n: int | None = None,
+    profile: str | ClusterProfile | None = None,
+    timeout: float | None = None,
+    cluster_id: str | None = None,
+) -> CourseCluster:
+    """Start or connect to the course cluster and give every engine its rank. Idempotent.
+
+    1. the cluster already connected in this kernel, if it still answers;
+    2. else a running cluster with the same id (e.g. started by ``course lab``);
+    3. else a new one with ``n`` engines (default ``$COURSE_ENGINES`` or 2).
+
+    ``n=None`` accepts whatever is running; an explicit ``n`` that differs is an error.
+    """
+    global _current
+    prof = load_profile(profile if profile is not None else settings.cluster_profile())
+    want = prof.engine_count(n)
+    if want is not None and want < 1:
+        raise WorldSizeMismatch(f"n={want} engines asked for", "use n >= 1")
+    timeout = settings.start_timeout() if timeout is None else timeout
+    cid = cluster_id or settings.cluster_id()
+
+    if _current is not None and _current.cluster_id == cid:
+        if _current.ping() and (want is None or want == _current.n):
+            _current.activate()
+            return _current
+        if want is not None and want != _current.n and _current.ping():
+            if not _current.owned:
+                raise WorldSizeMismatch(
+                    f"the running cluster {cid!r} has {_current.n} engines, n={want} was asked",
+                    f"call cu.start() without n, or stop course lab and start it with "
+                    f"COURSE_ENGINES={want}",
+                )
+        _current.stop()
+        _current = None
+
+    cc = _connect_existing(cid, prof, want, timeout)
+    if cc is None:
+        cc = _start_new(cid, prof, want or settings.default_engines(), timeout)
+    cc.refresh_ranks()
+    cc.activate()
+    _current = cc
+    return cc
+
+
+def stop(force: bool = False) -> None:
+    """Tear down: stop hooks (process groups), then the cluster if this kernel started it."""
+    if _current is not None:
+        _current.stop(force=force)
+
+
+def restart(timeout: float | None = None) -> CourseCluster:
+    """Replace the engines of the current cluster; see :meth:`CourseCluster.restart`."""
+    return current().restart(timeout=timeout)
+
+
+def stop_running(cluster_id: str | None = None) -> bool:
+    """Stop a cluster started by another process (``course lab``'s) from its cluster file."""
+    path = cluster_file(cluster_id)
+    if not path.exists():
+        return False
+    try:
+        cl = ipp.Cluster.from_file(str(path), shutdown_atexit=False, log_level=logging.WARNING)
+    except Exception:
+        path.unlink(missing_ok=True)
+        return False
+    _stop_cluster(cl)
+    path.unlink(missing_ok=True)
+    return True
+
+
+# ---- internals -----------------------------------------------------------------------------
+def _ipython() -> Any:
+    try:
+        from IPython import get_ipython
+
+        return get_ipython()
+    except ImportError:
+        return None
+
+
+def _set_hook(table: dict[str, Any], key: str, hook: Any) -> None:
+    if hook is None:
+        table.pop(key, None)
+    else:
+        table[key] = hook
+
+
+def _done_flags(ar: Any) -> list[bool]:
+    try:
+        return [bool(ar._children[i].done()) for i in range(len(ar._children))]
+    except Exception:
+        return [False] * len(getattr(ar, "_targets", []))
+
+
+def _engine_error(exc: Exception, cc: CourseCluster) -> EngineError:
+    lines = []
+    errors = exc.elist if isinstance(exc, ipp.error.CompositeError) else [
+        (exc.ename, exc.evalue, exc.traceback, exc.engine_info)
+    ]
+    for ename, evalue, _tb, info in errors:
+        eid = (info or {}).get("engine_id")
+        where = f"engine {eid}"
+        if eid is not None and cc.rank_map is not None and cc._has_engine(eid):
+            where = f"rank {cc.ranks.by_engine(eid).rank}"
+        lines.append(f"[{where}] {ename}: {evalue}")
+    return EngineError(
+        "code failed on the engines:\n  " + "\n  ".join(lines),
+        "read the rank's error above; fix the code and re-run the cell",
+    )
+
+
+def _new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
+    kw = prof.cluster_kwargs()
+    cl = ipp.Cluster(
+        n=n,
+        cluster_id=cid,
+        profile_dir=profile_dir(),
+        delay=0,  # engines get the connection info directly; no need to sleep after the controller
+        shutdown_atexit=True,
+        log_level=logging.WARNING,
+        # ipyparallel finishes an engine's registration on its first heartbeats; the default
+        # 3 s period costs ~5 s per start. 0.5 s with 20 allowed misses keeps a 10 s tolerance.
+        controller_args=[
+            f"--HeartMonitor.period={HEARTBEAT_MS}",
+            f"--HeartMonitor.max_heartmonitor_misses={HEARTBEAT_MISSES}",
+        ],
+        **kw,
+    )
+    cmd = prof.engine_cmd()
+    if cmd:
+        cl.config.LocalEngineLauncher.engine_cmd = cmd
+        cl.config.LocalEngineSetLauncher.engine_cmd = cmd
+    return cl
+
+
+def _start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
+    threads = settings.threads_per_engine(prof.engines_per_host(n))
+    env = prof.engine_env(n, threads)
+    cl.start_engines_sync(n, environment=env)
+
+
+def _stop_engines(cl: ipp.Cluster) -> None:
+    # A rank stuck in a C-level collective ignores SIGINT; SIGTERM/SIGKILL still work.
+    for es in list(cl.engines.values()):
+        for el in list(getattr(es, "launchers", {}).values()):
+            with contextlib.suppress(Exception):
+                el.stop_seconds_until_kill = 2
+    with contextlib.suppress(Exception):
+        cl.signal_engines_sync(signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        cl.stop_engines_sync()
+
+
+def _stop_cluster(cl: ipp.Cluster) -> None:
+    _stop_engines(cl)
+    with contextlib.suppress(Exception):
+        cl.stop_controller_sync()
+    with contextlib.suppress(Exception):
+        cl.remove_cluster_file()
+
+
+def _engine_output(cl: ipp.Cluster, limit: int = 1500) -> str:
+    out = []
+    for es in cl.engines.values():
+        with contextlib.suppress(Exception):
+            text = es.get_output()
+            if text:
+                out.append(text.strip())
+    text = "\n".join(out).strip()
+    return text[-limit:] if text else "(no engine output)"
+
+
+def _engines_all_exited(cl: ipp.Cluster) -> bool:
+    sets = list(cl.engines.values())
+    if not sets:
+        return True
+    return all(getattr(es, "state", "running") == "after" for es in sets) or all(
+        getattr(es, "launchers", None) == {} for es in sets
+    )
+
+
+def _wait_for_engines(cl: ipp.Cluster, client: ipp.Client, n: int, timeout: float,
+                      exclude: set[int] | None = None) -> None:
+    """Wait until ``n`` engines (not in ``exclude``) registered; fail fast if they all died."""
+    exclude = exclude or set()
+    deadline = time.monotonic() + timeout
+    while True:
+        fresh = [e for e in client.ids if e not in exclude]
+        if len(fresh) >= n:
+            return
+        if time.monotonic() > deadline or _engines_all_exited(cl):
+            died = _engines_all_exited(cl)
+            output = _engine_output(cl)
+            _stop_cluster(cl)
+            reason = "exited before registering" if died else f"did not register in {timeout:g} s"
+            raise EnginesDidNotStart(
+                f"{n - len(fresh)} of {n} engines {reason}. Engine output:\n{output}",
+                "run `course doctor` for the failing check; on a slow machine raise "
+                "$COURSE_START_TIMEOUT; for remote hosts check the profile's python path "
+                "and that the hosts can reach controller_ip",
+            )
+        time.sleep(0.02)
+
+
+def _start_new(cid: str, prof: ClusterProfile, n: int, timeout: float) -> CourseCluster:
+    stale = cluster_file(cid)
+    stale.unlink(missing_ok=True)
+    cl = _new_ipp_cluster(cid, prof, n)
+    cl.start_controller_sync()
+    try:
+        _start_engines(cl, prof, n)
+        client = cl.connect_client_sync()
+    except Exception as exc:
+        _stop_cluster(cl)
+        raise EnginesDidNotStart(
+            f"could not launch engines: {exc}", "run `course doctor` to see which part fails"
+        ) from exc
+    _wait_for_engines(cl, client, n, timeout)
+    return CourseCluster(cl, client, prof, owned=True, n=n)
+
+
+def _connect_existing(cid: str, prof: ClusterProfile, want: int | None,
+                      timeout: float) -> CourseCluster | None:
+    """Connect to a running cluster with this id, or clean up its stale file and return None."""
+    path = cluster_file(cid)
+    if not path.exists():
+        return None
+    try:
+        cl = ipp.Cluster.from_file(str(path), shutdown_atexit=False, log_level=logging.WARNING)
+        client = cl.connect_client_sync(timeout=5)
+        have = len(client.ids)
+    except Exception:
+        path.unlink(missing_ok=True)
+        return None
+    if have == 0 or not _answers(client):
+        with contextlib.suppress(Exception):
+            client.close()
+        _stop_cluster(cl)
+        path.unlink(missing_ok=True)
+        return None
+    if want is not None and want != have:
+        client.close()
+        raise WorldSizeMismatch(
+            f"the running cluster {cid!r} has {have} engines, n={want} was asked",
+            f"call cu.start() without n, or stop the running cluster (`course stop`) and "
+            f"start it with COURSE_ENGINES={want}",
+        )
+    return CourseCluster(cl, client, prof, owned=False, n=have)
+
+
+def _answers(client: ipp.Client, timeout: float = 5.0) -> bool:
+    try:
+        client[:].apply_async(os.getpid).get(timeout=timeout)
+        return True
+    except Exception:
+        return False

@@ -1,0 +1,141 @@
+"""``course doctor``: one line per check, exit 0 only when every check passes.
+
+Each failing line names the fix. Checks run in dependency order; the cluster checks use their
+own cluster id so they never touch a running ``course lab``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+INSTALL_FIX = "run `make lab` or `pip install -e '.[test]'` in the course's virtual environment"
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        mark = "PASS" if self.ok else "FAIL"
+        text = f"[{mark}] {self.name}: {self.detail}"
+        if not self.ok and self.fix:
+            text += f" -> fix: {self.fix}"
+        return text
+
+
+def _version_check(module: str, label: str, minimum: tuple[int, ...] = ()) -> Check:
+    try:
+        mod = importlib.import_module(module)
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return Check(label, False, f"cannot import {module} ({type(exc).__name__}: {exc})",
+                     INSTALL_FIX)
+    version = str(getattr(mod, "__version__", "?"))
+    parts = tuple(int(p) for p in version.split("+")[0].split(".")[:len(minimum)] if p.isdigit())
+    if minimum and parts < minimum:
+        want = ".".join(map(str, minimum))
+        return Check(label, False, f"{version} is older than {want}", INSTALL_FIX)
+    return Check(label, True, version)
+
+
+def check_python() -> Check:
+    ok = sys.version_info >= (3, 11)
+    return Check("python", ok, platform.python_version(), "use Python 3.11 or newer")
+
+
+def check_tensorflow(timeout: float = 180) -> Check:
+    # A subprocess: TF takes seconds and much memory to import, and a broken TF can abort.
+    code = "import tensorflow as tf; print(tf.__version__)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    except subprocess.TimeoutExpired:
+        return Check("tensorflow", False, f"import took over {timeout:g} s", INSTALL_FIX)
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return Check("tensorflow", False, f"cannot import ({last})", INSTALL_FIX)
+    return Check("tensorflow", True, out.stdout.strip().splitlines()[-1])
+
+
+def check_hardware() -> Check:
+    from .engine import _gpu_count
+
+    gpus = _gpu_count()
+    detail = f"{os.cpu_count()} CPU cores, {gpus} GPU(s) visible"
+    detail += " -> backend gloo" if gpus == 0 else " -> backend nccl for GPU ranks"
+    return Check("hardware", True, detail)
+
+
+def check_cluster(engines: int, timeout: float) -> list[Check]:
+    from . import cluster, torch_dist
+
+    checks = []
+    cid = f"doctor-{os.getpid()}"
+    t0 = time.perf_counter()
+    try:
+        cc = cluster.start(n=engines, profile="local", timeout=timeout, cluster_id=cid)
+    except Exception as exc:
+        msg = str(exc).splitlines()[0]
+        fix = getattr(exc, "fix", "see the engine output above")
+        return [Check("cluster", False, f"{engines} engines did not start: {msg}", fix)]
+    try:
+        checks.append(Check("cluster", True,
+                            f"{engines} engines up in {time.perf_counter() - t0:.1f} s"))
+        t1 = time.perf_counter()
+        try:
+            torch_dist.init(cc, backend="gloo", timeout=min(timeout, 60))
+            sums = cc.run(_rank_sum, timeout=30)
+            want = float(sum(range(1, engines + 1)))
+            ok = all(s == want for s in sums)
+            detail = f"sum over ranks of (rank+1) = {sums} (want {want:g} on every rank)"
+            detail += f" in {time.perf_counter() - t1:.1f} s"
+            checks.append(Check("gloo all_reduce", ok, detail,
+                                "" if ok else "report this: gloo returned a wrong sum"))
+        except Exception as exc:
+            checks.append(Check("gloo all_reduce", False, str(exc).splitlines()[0],
+                                getattr(exc, "fix", INSTALL_FIX)))
+    finally:
+        cc.stop(force=True)
+    return checks
+
+
+def _rank_sum() -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def run_checks(engines: int = 2, timeout: float = 60, tf: bool = True,
+               emit: Callable[[str], None] = print) -> list[Check]:
+    results: list[Check] = []
+
+    def add(c: Check) -> None:
+        results.append(c)
+        emit(c.line())
+
+    add(check_python())
+    add(_version_check("ipyparallel", "ipyparallel", (9,)))
+    add(_version_check("torch", "torch", (2, 4)))
+    add(_version_check("torchvision", "torchvision"))
+    if tf:
+        add(check_tensorflow())
+    add(check_hardware())
+    torch_ok = all(c.ok for c in results if c.name in ("torch", "ipyparallel"))
+    if torch_ok:
+        for c in check_cluster(engines, timeout):
+            add(c)
+    else:
+        add(Check("cluster", False, "skipped: torch or ipyparallel is missing", INSTALL_FIX))
+    return results

@@ -1,0 +1,77 @@
+"""Code that runs *on* the engines. Kept free of torch and TensorFlow so it is cheap to call.
+
+The cluster layer calls these through ipyparallel; learners never call them directly.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+#: What the last :func:`install` told this engine (rank, world size, ...).
+STATE: dict[str, Any] = {}
+
+
+def _gpu_count() -> int:
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+        return len(ids)
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def _route_addr(towards: str) -> str:
+    """The local address this host uses to reach ``towards`` (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((towards, 9))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+def describe(controller_addr: str = "127.0.0.1") -> dict[str, Any]:
+    """Who am I: host name, routable address, pid, visible GPUs and CPU count."""
+    return {
+        "host": socket.gethostname(),
+        "addr": _route_addr(controller_addr),
+        "pid": os.getpid(),
+        "gpus": _gpu_count(),
+        "cpus": os.cpu_count() or 1,
+    }
+
+
+def install(info: dict[str, Any], env: dict[str, str]) -> int:
+    """Record this engine's rank, export torchrun-style variables and expose names to ``%%px``."""
+    import __main__
+
+    os.environ.update(env)
+    STATE.clear()
+    STATE.update(info)
+    ns = vars(__main__)
+    for key in ("rank", "world_size", "local_rank", "local_world_size", "host"):
+        ns[key] = info[key]
+    return os.getpid()
+
+
+def state() -> dict[str, Any]:
+    return dict(STATE)
+
+
+def call_named(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call ``name`` from the engine's interactive namespace (what ``%%px`` cells defined)."""
+    import __main__
+
+    fn = vars(__main__).get(name)
+    if fn is None:
+        raise NameError(f"{name!r} is not defined on this engine: run the %%px cell defining it")
+    return fn(*args, **kwargs)
+
+
+def getenv(name: str, default: str | None = None) -> str | None:
+    """An environment variable as this engine sees it."""
+    return os.environ.get(name, default)

@@ -1,0 +1,90 @@
+"""Grading checks on the nbgrader source notebooks.
+
+The student version is made with nbgrader's own ``ClearSolutions`` preprocessor (what
+``nbgrader generate_assignment`` runs), then executed; every graded test cell must fail on it.
+That is the "tests can fail" guarantee, checked for every exercise by ``tests/test_grading.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from nbformat import NotebookNode
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def source_notebooks() -> list[Path]:
+    """Every lesson notebook, in unit order."""
+    return sorted(p for p in NOTEBOOK_DIR.glob("*.ipynb") if ".ipynb_checkpoints" not in str(p))
+
+
+def nbgrader_meta(cell: NotebookNode) -> dict:
+    return dict(cell.get("metadata", {}).get("nbgrader", {}))
+
+
+def is_test_cell(cell: NotebookNode) -> bool:
+    m = nbgrader_meta(cell)
+    return bool(m.get("grade")) and not m.get("solution")
+
+
+def is_solution_cell(cell: NotebookNode) -> bool:
+    return bool(nbgrader_meta(cell).get("solution"))
+
+
+def graded_test_ids(nb: NotebookNode) -> list[str]:
+    return [nbgrader_meta(c)["grade_id"] for c in nb.cells if is_test_cell(c)]
+
+
+def student_version(nb: NotebookNode) -> NotebookNode:
+    """The notebook as students get it: solution regions replaced by nbgrader's stub.
+
+    Hidden tests stay in, as they do when nbgrader autogrades a submission.
+    """
+    from nbgrader.preprocessors import ClearSolutions
+
+    nb = copy.deepcopy(nb)
+    nb, _ = ClearSolutions(enforce_metadata=True).preprocess(nb, {})
+    return nb
+
+
+@dataclass
+class GradeOutcome:
+    grade_id: str
+    failed: bool
+    error: str
+
+
+def execute_until_last_test(nb: NotebookNode, timeout: int = 600,
+                            cwd: str | os.PathLike[str] | None = None) -> NotebookNode:
+    """Execute cells up to the last graded test cell, recording errors instead of stopping."""
+    from nbclient import NotebookClient
+
+    last = max((i for i, c in enumerate(nb.cells) if is_test_cell(c)), default=-1)
+    nb = copy.deepcopy(nb)
+    teardown = [c for c in nb.cells[last + 1:] if "teardown" in nbgrader_meta(c).get(
+        "grade_id", "")]
+    nb.cells = nb.cells[: last + 1] + teardown
+    client = NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
+                            resources={"metadata": {"path": str(cwd or NOTEBOOK_DIR)}})
+    client.execute()
+    return nb
+
+
+def grade_outcomes(executed: NotebookNode) -> list[GradeOutcome]:
+    outcomes = []
+    for c in executed.cells:
+        if not is_test_cell(c):
+            continue
+        errors = [o for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        text = f"{errors[0].get('ename')}: {errors[0].get('evalue')}"[:300] if errors else ""
+        outcomes.append(GradeOutcome(nbgrader_meta(c)["grade_id"], bool(errors), text))
+    return outcomes
+
+
+def read(path: str | os.PathLike[str]) -> NotebookNode:
+    return nbformat.read(str(path), as_version=4)

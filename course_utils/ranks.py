@@ -1,0 +1,134 @@
+"""Rank map: which engine is which rank, on which host, with which local rank.
+
+Pure functions of what each engine reports about itself (:func:`course_utils.engine.describe`),
+so the mapping is unit-tested without a cluster. Introduced in ``00_cluster_tour``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Everything one engine needs to join a process group."""
+
+    engine_id: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    host: str
+    addr: str
+    pid: int
+    gpus: int
+    master_addr: str
+
+    def as_env(self) -> dict[str, str]:
+        """The variables torchrun would set, so code written here runs under torchrun unchanged."""
+        return {
+            "RANK": str(self.rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_RANK": str(self.local_rank),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "GROUP_RANK": str(self.node_rank),
+            "MASTER_ADDR": self.master_addr,
+        }
+
+
+@dataclass(frozen=True)
+class RankMap:
+    """Ranks ordered 0..world_size-1; look-ups by rank or by engine id."""
+
+    ranks: tuple[RankInfo, ...]
+    hosts: tuple[str, ...] = field(default=())
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def master_addr(self) -> str:
+        return self.ranks[0].master_addr
+
+    @property
+    def engine_ids(self) -> list[int]:
+        """Engine ids in rank order (index = rank)."""
+        return [r.engine_id for r in self.ranks]
+
+    def by_engine(self, engine_id: int) -> RankInfo:
+        for info in self.ranks:
+            if info.engine_id == engine_id:
+                return info
+        raise KeyError(f"engine {engine_id} is not in the rank map")
+
+    def __getitem__(self, rank: int) -> RankInfo:
+        return self.ranks[rank]
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+    def table(self) -> str:
+        """A fixed-width table for notebooks and ``course doctor``."""
+        head = f"{'rank':>4} {'engine':>6} {'host':<16} {'local':>5} {'gpus':>4} {'pid':>8}"
+        rows = [
+            f"{r.rank:>4} {r.engine_id:>6} {r.host[:16]:<16} {r.local_rank:>5} "
+            f"{r.gpus:>4} {r.pid:>8}"
+            for r in self.ranks
+        ]
+        return "\n".join([head, *rows])
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        return [asdict(r) for r in self.ranks]
+
+
+def build_rank_map(
+    descriptions: Mapping[int, Mapping[str, Any]],
+    host_order: Sequence[str] | None = None,
+    local: bool = False,
+) -> RankMap:
+    """Assign ranks from engine self-descriptions.
+
+    ``descriptions`` maps engine id -> ``{"host", "addr", "pid", "gpus"}``. Hosts keep the order
+    given in ``host_order`` (the profile's order, so rank 0 lands on the first host), then any
+    others alphabetically; within a host, engines are ordered by engine id. With ``local=True``
+    every rank is on this machine and the master address is the loopback address.
+    """
+    if not descriptions:
+        raise ValueError("no engines to rank: the cluster has no registered engines")
+    order = list(host_order or [])
+    seen = {d["host"] for d in descriptions.values()}
+    order = [h for h in order if h in seen] + sorted(seen - set(order))
+    host_index = {h: i for i, h in enumerate(order)}
+
+    engines = sorted(descriptions, key=lambda e: (host_index[descriptions[e]["host"]], e))
+    per_host: dict[str, list[int]] = {}
+    for eid in engines:
+        per_host.setdefault(descriptions[eid]["host"], []).append(eid)
+
+    first = descriptions[engines[0]]
+    master_addr = "127.0.0.1" if local else str(first["addr"])
+    world = len(engines)
+    infos = []
+    for rank, eid in enumerate(engines):
+        d = descriptions[eid]
+        peers = per_host[d["host"]]
+        infos.append(
+            RankInfo(
+                engine_id=int(eid),
+                rank=rank,
+                world_size=world,
+                local_rank=peers.index(eid),
+                local_world_size=len(peers),
+                node_rank=host_index[d["host"]],
+                host=str(d["host"]),
+                addr="127.0.0.1" if local else str(d["addr"]),
+                pid=int(d["pid"]),
+                gpus=int(d.get("gpus", 0)),
+                master_addr=master_addr,
+            )
+        )
+    return RankMap(ranks=tuple(infos), hosts=tuple(order))

@@ -1,0 +1,72 @@
+"""The one place that decides defaults: engine count, names, timeouts and thread budgets.
+
+Each value can be overridden by an environment variable so that ``course lab``, the notebooks
+and CI agree without passing arguments around.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: Environment variables read here (documented in the README).
+ENV_ENGINES = "COURSE_ENGINES"
+ENV_CLUSTER_ID = "COURSE_CLUSTER_ID"
+ENV_PROFILE = "COURSE_PROFILE"
+ENV_IPYTHON_PROFILE = "COURSE_IPYTHON_PROFILE"
+ENV_START_TIMEOUT = "COURSE_START_TIMEOUT"
+ENV_CALL_TIMEOUT = "COURSE_CALL_TIMEOUT"
+ENV_PG_TIMEOUT = "COURSE_PG_TIMEOUT"
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise ValueError(f"${name}={raw!r} is not an integer; unset it or give a number") from exc
+    if value <= 0:
+        raise ValueError(f"${name}={raw!r} must be positive")
+    return value
+
+
+def default_engines() -> int:
+    """Engines started by ``course lab`` and ``start()`` when ``n`` is not given (2)."""
+    return _env_int(ENV_ENGINES, 2)
+
+
+def cluster_id() -> str:
+    """Name of the course cluster, so every kernel and ``course lab`` find the same one."""
+    return os.environ.get(ENV_CLUSTER_ID, "").strip() or "course"
+
+
+def cluster_profile() -> str:
+    """Which cluster profile to use: ``local`` (default), or a name/path of a profile file."""
+    return os.environ.get(ENV_PROFILE, "").strip() or "local"
+
+
+def ipython_profile() -> str:
+    """IPython profile that holds the cluster's connection files and logs."""
+    return os.environ.get(ENV_IPYTHON_PROFILE, "").strip() or "course"
+
+
+def start_timeout() -> int:
+    """Seconds to wait for engines to register before giving up."""
+    return _env_int(ENV_START_TIMEOUT, 60)
+
+
+def call_timeout() -> int:
+    """Seconds a helper waits for a call on the engines before raising ClusterTimeout."""
+    return _env_int(ENV_CALL_TIMEOUT, 120)
+
+
+def pg_timeout() -> int:
+    """Seconds torch waits in a collective (and in rendezvous) before raising."""
+    return _env_int(ENV_PG_TIMEOUT, 60)
+
+
+def threads_per_engine(engines_on_host: int, cores: int | None = None) -> int:
+    """CPU threads each engine may use so engines sharing a host do not oversubscribe it."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, engines_on_host))

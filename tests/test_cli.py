@@ -1,0 +1,120 @@
+"""The ``course`` command: doctor (pass and fail), lab headless, bench output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from course_utils.cli import build_parser, main
+from course_utils.ports import free_port
+
+COURSE = [sys.executable, "-m", "course_utils.cli"]
+pytestmark = pytest.mark.cluster
+
+
+def run(args, env=None, timeout=240):
+    return subprocess.run(COURSE + args, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def engine_pids(cluster_id: str) -> list[int]:
+    """ipyparallel processes (controller, engines) whose environment names this cluster id."""
+    out = []
+    marker = f"IPP_CLUSTER_ID={cluster_id}".encode()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+                env = (d / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"ipyparallel" in cmd and marker in env:
+                out.append(int(d.name))
+    return out
+
+
+def test_parser_knows_every_command():
+    p = build_parser()
+    for cmd in (["lab", "--no-browser", "--port", "1"], ["doctor"], ["bench", "startup"],
+                ["stop"]):
+        assert p.parse_args(cmd).func
+    assert main(["lab", "--engines", "0"]) == 2
+
+
+def test_doctor_passes_here():
+    out = run(["doctor", "--no-tf"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("[")]
+    assert all(ln.startswith("[PASS]") for ln in lines), out.stdout
+    names = {ln.split("]")[1].split(":")[0].strip() for ln in lines}
+    assert {"python", "torch", "ipyparallel", "cluster", "gloo all_reduce"} <= names
+    assert "sum over ranks of (rank+1) = [3.0, 3.0]" in out.stdout
+
+
+def test_doctor_fails_clearly_without_torch(tmp_path):
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('torch is not installed')\n")
+    out = run(["doctor", "--no-tf"], env={"PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 1
+    assert "[FAIL] torch: cannot import torch (ImportError: torch is not installed) -> fix:" \
+        in out.stdout
+    assert "[FAIL] cluster: skipped" in out.stdout
+
+
+def test_doctor_fails_clearly_when_engines_cannot_start():
+    out = run(["doctor", "--no-tf", "--timeout", "20"], env={"COURSE_ENGINE_PYTHON": "/bin/false"})
+    assert out.returncode == 1
+    line = next(ln for ln in out.stdout.splitlines() if ln.startswith("[FAIL] cluster"))
+    assert "engines did not start" in line and "-> fix:" in line
+
+
+def test_lab_headless_answers_and_leaves_no_engines():
+    port = free_port()
+    cid = f"pytest-lab-{os.getpid()}"
+    env = {**os.environ, "COURSE_CLUSTER_ID": cid}
+    proc = subprocess.Popen(
+        COURSE + ["lab", "--no-browser", "--port", str(port), "--",
+                  "--IdentityProvider.token=t0k"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        status = None
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                url = f"http://127.0.0.1:{port}/api/status?token=t0k"
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    status = json.loads(r.read())
+                break
+            except OSError:
+                time.sleep(0.5)
+        assert status is not None, "JupyterLab never answered /api/status"
+        assert "started" in status
+        assert len(engine_pids(cid)) >= 3  # controller + 2 engines
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert "2 engines ready" in out
+    deadline = time.time() + 15
+    while engine_pids(cid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert engine_pids(cid) == [], "engines left behind after course lab stopped"
+
+
+@pytest.mark.slow
+def test_bench_startup_prints_json_last():
+    out = run(["bench", "startup", "--repeat", "20"])
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for key in ("cold_ready_s", "warm_ready_s", "raw_cold_ready_s", "helper_roundtrip_ms",
+                "raw_roundtrip_ms", "roundtrip_ratio"):
+        assert result[key] > 0, key

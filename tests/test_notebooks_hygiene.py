@@ -1,0 +1,62 @@
+"""Every committed notebook: outputs stripped, the course skeleton, valid nbgrader metadata."""
+
+from __future__ import annotations
+
+import re
+
+import nbformat
+import pytest
+
+from course_utils.grading import (
+    is_solution_cell,
+    is_test_cell,
+    nbgrader_meta,
+    read,
+    source_notebooks,
+)
+
+NOTEBOOKS = source_notebooks()
+IDS = [p.name for p in NOTEBOOKS]
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS and NOTEBOOKS[0].name.startswith("00_")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_outputs_are_stripped(path):
+    nb = read(path)
+    nbformat.validate(nb)
+    dirty = [i for i, c in enumerate(nb.cells)
+             if c.cell_type == "code" and (c.get("outputs") or c.get("execution_count"))]
+    assert not dirty, f"{path.name}: cells {dirty} carry outputs; strip them before committing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_skeleton(path):
+    nb = read(path)
+    first = nb.cells[0].source
+    assert first.startswith("# "), "the first cell is the title"
+    assert re.search(r"\*\*Time:\*\*", first), "state a time estimate in the first cell"
+    assert "you can" in first.lower(), "list objectives in the first cell"
+    headings = [c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown"]
+    assert any(h.startswith("## Setup") for h in headings), "a Setup section"
+    assert any(h.startswith("## Exercise") for h in headings), "at least one exercise"
+    assert headings[-1].startswith("## Summary"), "the last cell is the Summary"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_nbgrader_metadata(path):
+    nb = read(path)
+    ids = [nbgrader_meta(c)["grade_id"] for c in nb.cells if nbgrader_meta(c)]
+    assert len(ids) == len(set(ids)), "grade_id values must be unique"
+    tests = [c for c in nb.cells if is_test_cell(c)]
+    solutions = [c for c in nb.cells if is_solution_cell(c)]
+    assert tests and solutions, "every unit has graded exercises"
+    for c in tests:
+        meta = nbgrader_meta(c)
+        assert meta.get("points", 0) > 0 and meta.get("locked"), meta["grade_id"]
+        assert "assert" in c.source, f"{meta['grade_id']} asserts nothing"
+    for c in solutions:
+        assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source, (
+            nbgrader_meta(c)["grade_id"])

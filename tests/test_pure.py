@@ -1,0 +1,172 @@
+"""Unit tests of the pure helpers: rank map, ports, profiles, settings, backend choice."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from course_utils import ports, settings
+from course_utils.errors import BackendUnavailable, CourseError, ProfileError
+from course_utils.profiles import ClusterProfile, load_profile, profile_from_dict
+from course_utils.ranks import build_rank_map
+from course_utils.torch_dist import choose_backend
+
+
+def desc(host, addr="10.0.0.1", pid=1, gpus=0):
+    return {"host": host, "addr": addr, "pid": pid, "gpus": gpus}
+
+
+# ---- rank map ----------------------------------------------------------------------------------
+def test_local_rank_map_orders_by_engine_id_and_uses_loopback():
+    rm = build_rank_map({3: desc("vm", pid=30), 1: desc("vm", pid=10)}, local=True)
+    assert [r.engine_id for r in rm] == [1, 3]
+    assert [r.rank for r in rm] == [0, 1]
+    assert [r.local_rank for r in rm] == [0, 1]
+    assert rm.master_addr == "127.0.0.1"
+    assert all(r.world_size == 2 and r.local_world_size == 2 for r in rm)
+
+
+def test_two_host_rank_map_follows_profile_host_order():
+    d = {
+        0: desc("gpu-b", "10.0.0.2"), 1: desc("gpu-a", "10.0.0.1"),
+        2: desc("gpu-b", "10.0.0.2"), 3: desc("gpu-a", "10.0.0.1"),
+    }
+    rm = build_rank_map(d, host_order=["gpu-a", "gpu-b"])
+    assert [(r.host, r.engine_id, r.rank, r.local_rank, r.node_rank) for r in rm] == [
+        ("gpu-a", 1, 0, 0, 0), ("gpu-a", 3, 1, 1, 0),
+        ("gpu-b", 0, 2, 0, 1), ("gpu-b", 2, 3, 1, 1),
+    ]
+    assert rm.master_addr == "10.0.0.1"  # rank 0's host
+    assert rm.by_engine(0).rank == 2
+    env = rm[3].as_env()
+    assert env == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                   "GROUP_RANK": "1", "MASTER_ADDR": "10.0.0.1"}
+
+
+def test_rank_map_unknown_hosts_sorted_after_listed_ones():
+    rm = build_rank_map({0: desc("z"), 1: desc("a"), 2: desc("m")}, host_order=["m"])
+    assert [r.host for r in rm] == ["m", "a", "z"]
+
+
+def test_rank_map_rejects_empty_and_table_lists_every_rank():
+    with pytest.raises(ValueError, match="no engines"):
+        build_rank_map({})
+    table = build_rank_map({0: desc("vm"), 1: desc("vm")}, local=True).table()
+    assert len(table.splitlines()) == 3 and "rank" in table
+
+
+def test_rank_map_by_engine_unknown_raises():
+    rm = build_rank_map({0: desc("vm")}, local=True)
+    with pytest.raises(KeyError):
+        rm.by_engine(9)
+
+
+# ---- ports ---------------------------------------------------------------------------------------
+def test_free_port_is_bindable_and_distinct():
+    many = ports.free_ports(5)
+    assert len(set(many)) == 5
+    p = ports.free_port()
+    assert not ports.port_in_use(p)
+
+
+def test_port_in_use_detects_a_listener():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert ports.port_in_use(s.getsockname()[1])
+    with pytest.raises(ValueError):
+        ports.port_in_use(70000)
+
+
+# ---- backend choice ------------------------------------------------------------------------------
+def test_auto_backend_is_gloo_on_cpu_and_nccl_with_a_gpu_per_rank():
+    assert choose_backend("auto", [0, 0], [0, 1]) == "gloo"
+    assert choose_backend("auto", [2, 2], [0, 1]) == "nccl"
+    assert choose_backend("auto", [1, 1], [0, 1]) == "gloo"  # rank 1 would share GPU 0
+    assert choose_backend("gloo", [2, 2], [0, 1]) == "gloo"
+
+
+def test_nccl_without_gpus_names_the_ranks_and_the_fix():
+    with pytest.raises(BackendUnavailable) as err:
+        choose_backend("nccl", [0, 0], [0, 1])
+    assert "rank(s) [0, 1]" in str(err.value) and "Fix:" in str(err.value)
+    with pytest.raises(BackendUnavailable, match="not one of"):
+        choose_backend("mpi-ish", [0], [0])
+
+
+# ---- profiles ------------------------------------------------------------------------------------
+def test_local_profile_defaults(monkeypatch):
+    monkeypatch.delenv("COURSE_ENGINE_PYTHON", raising=False)
+    prof = load_profile(None)
+    assert prof.is_local and prof.engine_count(3) == 3 and prof.engine_cmd() is None
+    env = prof.engine_env(2, threads=1)
+    assert env["OMP_NUM_THREADS"] == "1" and "GLOO_SOCKET_IFNAME" not in env
+    assert prof.cluster_kwargs()["engines"] == "local"
+
+
+def test_two_host_example_profile_parses():
+    prof = load_profile("two-hosts")
+    assert prof.launcher == "ssh" and len(prof.hosts) == 2
+    assert prof.engine_count(None) == sum(h.engines for h in prof.hosts)
+    env = prof.engine_env(4, threads=8)
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == prof.socket_ifname
+    kw = prof.cluster_kwargs()
+    assert kw["engines"] == "ssh" and kw["controller_location"] == prof.controller_ip
+    engines = kw["config"].SSHEngineSetLauncher.engines
+    assert list(engines) == prof.host_order
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ({"launcher": "mpi"}, "not one of"),
+        ({"launcher": "ssh", "controller_ip": "1.2.3.4"}, "needs \\[\\[hosts\\]\\]"),
+        ({"launcher": "ssh", "hosts": [{"host": "a"}]}, "needs controller_ip"),
+        ({"hosts": [{"engines": 2}]}, "has no 'host'"),
+        ({"hosts": [{"host": "a", "engines": 0}]}, "not a positive integer"),
+        ({"engines": -1}, "engines = -1"),
+    ],
+)
+def test_bad_profiles_are_clear_errors(data, match):
+    with pytest.raises(ProfileError, match=match) as err:
+        profile_from_dict(data, name="t")
+    assert isinstance(err.value, CourseError) and err.value.fix
+
+
+def test_missing_profile_file_names_where_it_looked(tmp_path):
+    with pytest.raises(ProfileError, match="not found"):
+        load_profile(tmp_path / "nope.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("launcher = ")
+    with pytest.raises(ProfileError, match="not valid TOML"):
+        load_profile(bad)
+
+
+def test_profile_object_passes_through():
+    p = ClusterProfile(name="x")
+    assert load_profile(p) is p
+
+
+# ---- settings ------------------------------------------------------------------------------------
+def test_settings_read_environment(monkeypatch):
+    monkeypatch.setenv("COURSE_ENGINES", "3")
+    assert settings.default_engines() == 3
+    monkeypatch.setenv("COURSE_ENGINES", "three")
+    with pytest.raises(ValueError, match="not an integer"):
+        settings.default_engines()
+    monkeypatch.setenv("COURSE_ENGINES", "0")
+    with pytest.raises(ValueError, match="positive"):
+        settings.default_engines()
+
+
+def test_thread_budget_splits_cores_between_engines():
+    assert settings.threads_per_engine(2, cores=2) == 1
+    assert settings.threads_per_engine(4, cores=16) == 4
+    assert settings.threads_per_engine(8, cores=2) == 1
+
+
+def test_course_error_renders_cause_and_fix():
+    err = CourseError("it broke", "do this")
+    assert str(err) == "it broke\nFix: do this"
+    assert err._render_traceback_()[-1] == "Fix: do this"
