@@ -170,3 +170,28 @@ def test_course_error_renders_cause_and_fix():
     err = CourseError("it broke", "do this")
     assert str(err) == "it broke\nFix: do this"
     assert err._render_traceback_()[-1] == "Fix: do this"
+
+
+# ---- data ----------------------------------------------------------------------------------------
+def test_digits_are_real_and_scaled():
+    from course_utils.data import digits
+
+    d = digits()
+    assert d.x.shape == (1797, 64) and d.x.dtype.name == "float32"
+    assert 0.0 <= d.x.min() and d.x.max() <= 1.0
+    assert sorted(set(d.y.tolist())) == list(range(10)) and "sklearn" in d.note
+
+
+def test_shards_are_disjoint_equal_and_cover():
+    import numpy as np
+
+    from course_utils.data import shard_indices
+
+    shards = [shard_indices(10, r, 3, seed=1) for r in range(3)]
+    assert [len(s) for s in shards] == [3, 3, 3]
+    allidx = np.concatenate(shards)
+    assert len(set(allidx.tolist())) == 9
+    assert not np.array_equal(shards[0], shard_indices(10, 0, 3, seed=2))
+    assert len(shard_indices(10, 0, 3, drop_last=False)) == 4
+    with pytest.raises(ValueError, match="not in 0..2"):
+        shard_indices(10, 3, 3)
