@@ -52,3 +52,55 @@ def shard_indices(n: int, rank: int, world_size: int, seed: int | None = None,
     if drop_last:
         order = order[: n - n % world_size]
     return order[rank::world_size]
+
+
+#: Held-out size of the digits fallback's test split (the rest is the training split).
+DIGITS_TEST = 500
+
+
+def digits_as_cifar(train: bool = True, seed: int = 0) -> ArrayDataset:
+    """The sklearn digits shaped like CIFAR-10: 3x32x32 float32 images in [0, 1].
+
+    Each 8x8 digit is upsampled 4x (nearest neighbour) and copied to 3 channels, so the seed's
+    CIFAR-10 CNN runs unchanged. A seeded split keeps ``DIGITS_TEST`` images for testing.
+    This is the offline fallback of :func:`cifar10` (introduced in ``03_pytorch_ddp``).
+    """
+    d = digits()
+    order = np.random.default_rng(seed).permutation(len(d))
+    idx = order[DIGITS_TEST:] if train else order[:DIGITS_TEST]
+    img = d.x[idx].reshape(-1, 1, 8, 8).repeat(4, axis=2).repeat(4, axis=3)
+    img = np.ascontiguousarray(np.repeat(img, 3, axis=1), dtype=np.float32)
+    split = "train" if train else "test"
+    return ArrayDataset(img, d.y[idx], "digits-as-cifar",
+                        f"offline fallback: sklearn digits ({split}, {len(idx)} real 8x8 digits "
+                        "upsampled to 3x32x32), not CIFAR-10")
+
+
+def cifar10(root: str, train: bool = True, n: int | None = None, download: bool = True,
+            seed: int = 0) -> ArrayDataset:
+    """CIFAR-10 through ``torchvision.datasets.CIFAR10`` or, if that fails, the offline fallback.
+
+    ``x`` is float32 (N, 3, 32, 32) in [0, 1], ``y`` int64. ``n`` keeps a seeded random subset.
+    When the download (or a local copy under ``root``) is unavailable, e.g. in CI without
+    internet, :func:`digits_as_cifar` is returned instead and ``note`` says so in one line.
+    On several ranks, let rank 0 download first, then barrier, then the others load with
+    ``download=False`` (two processes writing the same archive corrupt it).
+    Introduced in ``03_pytorch_ddp``.
+    """
+    try:
+        from torchvision.datasets import CIFAR10
+
+        ds = CIFAR10(root, train=train, download=download)
+        x = np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2), dtype=np.float32) / 255.0
+        y = np.asarray(ds.targets, dtype=np.int64)
+        out = ArrayDataset(x, y, "cifar10",
+                           f"CIFAR-10 via torchvision ({'train' if train else 'test'}, "
+                           f"{len(y)} images)")
+    except Exception as exc:  # no network, no local copy, or a corrupt archive
+        fb = digits_as_cifar(train=train, seed=seed)
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+        out = ArrayDataset(fb.x, fb.y, fb.name, f"CIFAR-10 unavailable ({reason}); {fb.note}")
+    if n is not None and n < len(out):
+        keep = np.sort(np.random.default_rng(seed).permutation(len(out))[:n])
+        out = ArrayDataset(out.x[keep], out.y[keep], out.name, out.note + f"; subset of {n}")
+    return out

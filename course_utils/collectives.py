@@ -1,0 +1,213 @@
+"""Collectives support: ring chunking, byte accounting, algbw/busbw and collective timing.
+
+Introduced in ``01_collectives``. The pure functions (``chunk_bounds``, ``ring_bytes``,
+``algbw``, ``busbw``, ``bandwidth_table``) run anywhere; the ``engine_*`` functions run on the
+engines (inside ``%%px`` cells or through ``cluster.run``) and import torch there.
+
+The ring all-reduce itself is the learner's exercise in ``01_collectives``; nothing here
+implements it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+#: Bus-bandwidth correction factors, as nccl-tests defines them, for ``p`` ranks.
+_BUS_FACTORS: dict[str, Callable[[int], float]] = {
+    "all_reduce": lambda p: 2 * (p - 1) / p,
+    "all_gather": lambda p: (p - 1) / p,
+    "reduce_scatter": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+}
+
+
+def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
+    """Split ``n`` elements into ``p`` contiguous chunks whose sizes differ by at most one.
+
+    The first ``n % p`` chunks get one extra element; with ``n < p`` some chunks are empty.
+    ``chunk_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]``.
+    """
+    if p < 1 or n < 0:
+        raise ValueError(f"need p >= 1 and n >= 0, got n={n}, p={p}")
+    q, rem = divmod(n, p)
+    out: list[tuple[int, int]] = []
+    start = 0
+    for i in range(p):
+        stop = start + q + (1 if i < rem else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+def ring_bytes(n: int, p: int, itemsize: int) -> dict[str, Any]:
+    """What a chunked ring all-reduce of ``n`` items must send, per rank and in total.
+
+    Each of the ``2(p-1)`` steps sends one chunk, so summed over ranks exactly
+    ``2(p-1) * n * itemsize`` bytes move, i.e. ``2(p-1)/p`` of the buffer per rank on average.
+    With sizes not divisible by ``p`` one rank may send a chunk more or less than another, so
+    per-rank bytes lie between ``min`` and ``max``.
+    """
+    sizes = [b - a for a, b in chunk_bounds(n, p)]
+    steps = 2 * (p - 1)
+    return {
+        "total": steps * n * itemsize,
+        "per_rank": 2 * (p - 1) / p * n * itemsize,
+        "min": steps * min(sizes) * itemsize,
+        "max": steps * max(sizes) * itemsize,
+        "buffer": n * itemsize,
+    }
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """Algorithm bandwidth in GB/s: buffer size over time (what the caller experiences)."""
+    return nbytes / seconds / 1e9
+
+
+def busbw(nbytes: float, seconds: float, p: int, op: str = "all_reduce") -> float:
+    """Bus bandwidth in GB/s: algbw times the op's factor (``2(p-1)/p`` for all_reduce).
+
+    busbw is comparable across world sizes and with the link's peak, because it counts the
+    bytes a ring really moves per rank.
+    """
+    if op not in _BUS_FACTORS:
+        raise ValueError(f"unknown op {op!r}; one of {sorted(_BUS_FACTORS)}")
+    return algbw(nbytes, seconds) * _BUS_FACTORS[op](p)
+
+
+def bandwidth_table(rows: dict[str, float], nbytes: int, p: int,
+                    op: str = "all_reduce") -> str:
+    """A printable table of time, algbw and busbw for named timings (seconds), plus ratios
+    against the first row."""
+    names = list(rows)
+    if not names:
+        return "(no timings)"
+    base = busbw(nbytes, rows[names[0]], p, op)
+    lines = [f"{'implementation':<22}{'time ms':>10}{'algbw GB/s':>12}{'busbw GB/s':>12}"
+             f"{'busbw ratio':>14}"]
+    for name in names:
+        s = rows[name]
+        bb = busbw(nbytes, s, p, op)
+        lines.append(f"{name:<22}{s * 1e3:>10.1f}{algbw(nbytes, s):>12.3f}{bb:>12.3f}"
+                     f"{bb / base:>13.2f}x")
+    lines.append(f"buffer {nbytes / 2**20:.0f} MiB, {p} ranks, busbw = algbw * 2(p-1)/p, "
+                 f"ratio against {names[0]}")
+    return "\n".join(lines)
+
+
+# ---- engine side ---------------------------------------------------------------------------
+def engine_time(fn: Callable[[], Any], iters: int = 5, warmup: int = 1) -> float:
+    """Median seconds of ``fn()`` over ``iters`` runs, the slowest rank's time for each run.
+
+    Collective: every rank must call it with the same ``iters``/``warmup``. Each run starts
+    after a barrier, and each rank's time is max-reduced, because a collective is only done
+    when its last rank is.
+    """
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        times.append(float(dt.item()))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0,
+                            dtype: str = "float32") -> dict[str, Any]:
+    """Compare the ``%%px``-defined function ``fn_name(t)`` with ``dist.all_reduce`` (SUM).
+
+    Every rank draws its own random tensor of ``n`` items (seeded by ``seed`` and its rank),
+    runs the learner's function on one copy and ``dist.all_reduce`` on another. Returns the
+    max abs difference, the bytes the learner's function reported sending, and a checksum of
+    the result (equal on every rank when the result is replicated). Used by the exercise
+    tests in ``01_collectives``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    import __main__
+
+    fn = vars(__main__).get(fn_name)
+    if fn is None:
+        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    rank = dist.get_rank()
+    gen = torch.Generator().manual_seed(1000 * seed + rank)
+    x = torch.randn(n, generator=gen, dtype=torch.float64).to(getattr(torch, dtype))
+    mine, ref = x.clone(), x.clone()
+    sent = fn(mine)
+    dist.all_reduce(ref)
+    tol = 1e-5 * max(1.0, float(ref.abs().max())) if n else 0.0
+    return {
+        "max_abs_diff": float((mine - ref).abs().max()) if n else 0.0,
+        "tol": tol,
+        "bytes_sent": sent,
+        "checksum": float(mine.double().sum()) if n else 0.0,
+        "itemsize": x.element_size(),
+    }
+
+
+_FORBIDDEN = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
+              "all_gather_into_tensor", "broadcast", "reduce", "all_to_all")
+
+
+def engine_check_point_to_point_only(fn_name: str, n: int, seed: int = 0) -> dict[str, Any]:
+    """Like :func:`engine_check_all_reduce`, but while the learner's function runs every
+    built-in collective of ``torch.distributed`` raises, so only send/recv (blocking or
+    not) can do the work. Used by the hidden tests of ``01_collectives``."""
+    import torch.distributed as dist
+
+    import __main__
+
+    fn = vars(__main__).get(fn_name)
+    if fn is None:
+        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+
+    saved = {name: getattr(dist, name) for name in _FORBIDDEN}
+
+    def forbidden(*_a: Any, **_k: Any) -> None:
+        raise RuntimeError("this exercise builds all-reduce from isend/irecv only")
+
+    def guarded(t: Any) -> Any:
+        for name in _FORBIDDEN:
+            setattr(dist, name, forbidden)
+        try:
+            return fn(t)
+        finally:
+            for name, f in saved.items():
+                setattr(dist, name, f)
+
+    __main__.__dict__["_course_guarded"] = guarded
+    try:
+        return engine_check_all_reduce("_course_guarded", n, seed)
+    finally:
+        __main__.__dict__.pop("_course_guarded", None)
+
+
+def engine_bench_all_reduce(fn_name: str, nbytes: int = 64 * 2**20, iters: int = 5
+                            ) -> dict[str, float]:
+    """*Collective.* Median seconds of the ``%%px`` function ``fn_name(t)`` and of
+    ``dist.all_reduce(t)`` on a float32 buffer of ``nbytes`` (used in ``01_collectives``)."""
+    import torch
+    import torch.distributed as dist
+
+    import __main__
+
+    fn = vars(__main__).get(fn_name)
+    if fn is None:
+        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    t = torch.ones(nbytes // 4)
+    return {
+        "dist.all_reduce (gloo)": engine_time(lambda: dist.all_reduce(t), iters=iters),
+        fn_name: engine_time(lambda: fn(t), iters=iters),
+    }

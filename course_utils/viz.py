@@ -1,0 +1,107 @@
+"""Figures for the PyTorch track: pure functions of recorded arrays; none talks to a cluster.
+
+Record on the engines, ``cluster.pull`` the arrays, then plot here (so figures are testable
+without engines and can be replayed in slides). Each function returns a matplotlib ``Figure``.
+Introduced in ``01_collectives`` (``per_rank_tensors``, ``bandwidth_bars``),
+``02_data_parallel_from_scratch`` (``replica_divergence``) and ``03_pytorch_ddp``
+(``per_rank_curves``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def _plt() -> Any:
+    import matplotlib.pyplot as plt  # the notebook's (or MPLBACKEND's) backend is kept
+
+    return plt
+
+
+def per_rank_tensors(before: Sequence[Any], after: Sequence[Any], title: str) -> Any:
+    """A grid: one column per rank, rows 'before' and 'after', each cell the rank's values.
+
+    ``before``/``after`` hold one array-like per rank (``None`` for a rank that holds nothing,
+    e.g. a non-root rank after ``gather``).
+    """
+    plt = _plt()
+    p = len(before)
+    if len(after) != p:
+        raise ValueError(f"before has {p} ranks, after has {len(after)}")
+    fig, axes = plt.subplots(2, p, figsize=(2.6 * p + 1, 2.4), squeeze=False)
+    for row, (label, data) in enumerate((("before", before), ("after", after))):
+        for r in range(p):
+            ax = axes[row][r]
+            ax.set_xticks([])
+            ax.set_yticks([])
+            val = data[r]
+            if val is None:
+                ax.text(0.5, 0.5, "(nothing)", ha="center", va="center", color="grey")
+                ax.set_frame_on(False)
+            else:
+                arr = np.atleast_1d(np.asarray(val, dtype=float)).reshape(-1)
+                ax.imshow(arr[None, :], cmap="viridis", aspect="auto",
+                          vmin=min(0.0, arr.min()), vmax=max(1.0, arr.max()))
+                for i, v in enumerate(arr[:12]):
+                    ax.text(i, 0, f"{v:g}", ha="center", va="center", color="white",
+                            fontsize=9)
+            if row == 0:
+                ax.set_title(f"rank {r}", fontsize=10)
+            if r == 0:
+                ax.set_ylabel(label)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def replica_divergence(curves: Mapping[str, Sequence[float]],
+                       title: str = "parameter distance between replicas") -> Any:
+    """Lines of the largest ||w_rank - w_rank0|| after each step, one line per variant."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for name, ys in curves.items():
+        ax.plot(np.arange(1, len(ys) + 1), ys, marker="o", markersize=3, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("max_r ||w_r - w_0||")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def per_rank_curves(values_by_rank: Sequence[Sequence[float]], ylabel: str,
+                    title: str, global_values: Sequence[float] | None = None,
+                    xlabel: str = "step") -> Any:
+    """One line per rank (its local metric), plus the reduced global metric if given."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 3.4))
+    for r, ys in enumerate(values_by_rank):
+        ax.plot(np.arange(1, len(ys) + 1), ys, alpha=0.8, label=f"rank {r}")
+    if global_values is not None:
+        ax.plot(np.arange(1, len(global_values) + 1), global_values, color="black",
+                linewidth=2, label="all ranks (reduced)")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def bandwidth_bars(busbw_by_name: Mapping[str, float], title: str) -> Any:
+    """Horizontal bars of busbw (GB/s) per implementation."""
+    plt = _plt()
+    names = list(busbw_by_name)
+    fig, ax = plt.subplots(figsize=(6.5, 0.6 * len(names) + 1.2))
+    ax.barh(names, [busbw_by_name[n] for n in names], color="tab:blue")
+    for i, n in enumerate(names):
+        ax.text(busbw_by_name[n], i, f" {busbw_by_name[n]:.2f}", va="center")
+    ax.set_xlabel("busbw (GB/s)")
+    ax.set_title(title)
+    fig.tight_layout()
+    return fig
