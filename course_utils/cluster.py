@@ -450,13 +450,30 @@ def _engine_output(cl: ipp.Cluster, limit: int = 1500) -> str:
     return text[-limit:] if text else "(no engine output)"
 
 
+def _process_alive(proc: Any) -> bool:
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _engines_all_exited(cl: ipp.Cluster) -> bool:
-    sets = list(cl.engines.values())
-    if not sets:
-        return True
-    return all(getattr(es, "state", "running") == "after" for es in sets) or all(
-        getattr(es, "launchers", None) == {} for es in sets
-    )
+    """True when every engine process we launched has exited (checked on the processes
+    themselves: the launchers' own state only updates while ipyparallel's loop runs)."""
+    launchers = [el for es in cl.engines.values()
+                 for el in getattr(es, "launchers", {}).values()]
+    if not launchers:
+        return all(getattr(es, "state", "running") == "after" for es in cl.engines.values())
+    for el in launchers:
+        proc = getattr(el, "process", None)
+        if proc is None:
+            if getattr(el, "state", "running") != "after":
+                return False
+        elif _process_alive(proc):
+            return False
+    return True
 
 
 def _wait_for_engines(cl: ipp.Cluster, client: ipp.Client, n: int, timeout: float,
