@@ -243,7 +243,7 @@ class CourseCluster:
         timeout = settings.start_timeout() if timeout is None else timeout
         n = self.n
         old = set(self.client.ids)
-        _stop_engines(self.cluster)
+        _stop_engines(self.cluster, kill=True)
         _start_engines(self.cluster, self.profile, n)
         _wait_for_engines(self.cluster, self.client, n, timeout, exclude=old)
         self.refresh_ranks()
@@ -339,7 +339,7 @@ def stop_running(cluster_id: str | None = None) -> bool:
     if not path.exists():
         return False
     try:
-        cl = ipp.Cluster.from_file(str(path), shutdown_atexit=False, log_level=logging.WARNING)
+        cl = ipp.Cluster.from_file(str(path), shutdown_atexit=False, log_level=logging.ERROR)
     except Exception:
         path.unlink(missing_ok=True)
         return False
@@ -397,7 +397,9 @@ def _new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
         profile_dir=profile_dir(),
         delay=0,  # engines get the connection info directly; no need to sleep after the controller
         shutdown_atexit=True,
-        log_level=logging.WARNING,
+        # ipyparallel logs every killed engine's whole output as a warning; our own errors
+        # carry the output when it matters (EnginesDidNotStart).
+        log_level=logging.ERROR,
         # ipyparallel finishes an engine's registration on its first heartbeats; the default
         # 3 s period costs ~5 s per start. 0.5 s with 20 allowed misses keeps a 10 s tolerance.
         controller_args=[
@@ -419,14 +421,16 @@ def _start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
     cl.start_engines_sync(n, environment=env)
 
 
-def _stop_engines(cl: ipp.Cluster) -> None:
-    # A rank stuck in a C-level collective ignores SIGINT; SIGTERM/SIGKILL still work.
+def _stop_engines(cl: ipp.Cluster, kill: bool = False) -> None:
+    """SIGTERM, then SIGKILL after 2 s; ``kill=True`` skips the polite step (a rank stuck in a
+    C-level collective ignores SIGINT and may not reach a Python SIGTERM handler)."""
     for es in list(cl.engines.values()):
         for el in list(getattr(es, "launchers", {}).values()):
             with contextlib.suppress(Exception):
                 el.stop_seconds_until_kill = 2
-    with contextlib.suppress(Exception):
-        cl.signal_engines_sync(signal.SIGKILL)
+    if kill:
+        with contextlib.suppress(Exception):
+            cl.signal_engines_sync(signal.SIGKILL)
     with contextlib.suppress(Exception):
         cl.stop_engines_sync()
 
@@ -523,7 +527,7 @@ def _connect_existing(cid: str, prof: ClusterProfile, want: int | None,
     if not path.exists():
         return None
     try:
-        cl = ipp.Cluster.from_file(str(path), shutdown_atexit=False, log_level=logging.WARNING)
+        cl = ipp.Cluster.from_file(str(path), shutdown_atexit=False, log_level=logging.ERROR)
         client = cl.connect_client_sync(timeout=5)
         have = len(client.ids)
     except Exception:
