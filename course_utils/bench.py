@@ -87,6 +87,9 @@ def startup(n: int = 2, repeat: int = 200) -> dict[str, Any]:
         raw_view = cc2.client[cc2.ranks.engine_ids]
         rawrt = _median_ms(lambda: raw_view.apply_sync(_noop), repeat)
         print(f"round trip, helper / raw:       {helper:.2f} ms / {rawrt:.2f} ms")
+        # What one %%px cell costs beyond its own work: an execute on every engine.
+        px = _median_ms(lambda: cc2.view.execute("pass", block=True), repeat)
+        print(f"%%px cell overhead (execute):   {px:.2f} ms")
     finally:
         cc.owned = True
         cc2.owned = True
@@ -100,6 +103,7 @@ def startup(n: int = 2, repeat: int = 200) -> dict[str, Any]:
         "helper_roundtrip_ms": round(helper, 3),
         "raw_roundtrip_ms": round(rawrt, 3),
         "roundtrip_ratio": round(helper / rawrt, 3),
+        "px_cell_ms": round(px, 3),
     }
 
 
