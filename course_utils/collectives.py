@@ -128,10 +128,11 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0,
     """Compare the ``%%px``-defined function ``fn_name(t)`` with ``dist.all_reduce`` (SUM).
 
     Every rank draws its own random tensor of ``n`` items (seeded by ``seed`` and its rank),
-    runs the learner's function on one copy and ``dist.all_reduce`` on another. Returns the
-    max abs difference, the bytes the learner's function reported sending, and a checksum of
-    the result (equal on every rank when the result is replicated). Used by the exercise
-    tests in ``01_collectives``.
+    runs the learner's function on one copy and ``dist.all_reduce`` on another, recording the
+    size of every message sent with ``dist.send``/``dist.isend`` meanwhile. Returns the max abs
+    difference, the bytes the learner's function reported sending, the bytes of each message
+    really sent, and a checksum of the result (equal on every rank when it is replicated).
+    Used by the exercise tests in ``01_collectives``.
     """
     import torch
     import torch.distributed as dist
@@ -145,13 +146,29 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0,
     gen = torch.Generator().manual_seed(1000 * seed + rank)
     x = torch.randn(n, generator=gen, dtype=torch.float64).to(getattr(torch, dtype))
     mine, ref = x.clone(), x.clone()
-    sent = fn(mine)
+    messages: list[int] = []
+    saved = {name: getattr(dist, name) for name in ("send", "isend")}
+
+    def spying(name: str) -> Callable[..., Any]:
+        def spy(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            messages.append(int(tensor.numel() * tensor.element_size()))
+            return saved[name](tensor, *args, **kwargs)
+        return spy
+
+    for name in saved:
+        setattr(dist, name, spying(name))
+    try:
+        sent = fn(mine)
+    finally:
+        for name, f in saved.items():
+            setattr(dist, name, f)
     dist.all_reduce(ref)
     tol = 1e-5 * max(1.0, float(ref.abs().max())) if n else 0.0
     return {
         "max_abs_diff": float((mine - ref).abs().max()) if n else 0.0,
         "tol": tol,
         "bytes_sent": sent,
+        "messages": messages,
         "checksum": float(mine.double().sum()) if n else 0.0,
         "itemsize": x.element_size(),
     }

@@ -1,0 +1,371 @@
+"""The PyTorch track's helpers (collectives, train, viz, data.cifar10) and its exercise tests.
+
+Pure tests run anywhere; ``cluster`` tests use real engines and a real gloo group; the
+``slow`` mutation tests run notebooks 01-03 with *wrong* solutions (the mistakes learners make)
+and check that the graded test aimed at that mistake fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import ipyparallel as ipp
+import matplotlib
+import numpy as np
+import pytest
+
+matplotlib.use("Agg")
+
+from course_utils import collectives, data, train, viz  # noqa: E402
+from course_utils.grading import (  # noqa: E402
+    NOTEBOOK_DIR,
+    execute_until_last_test,
+    grade_outcomes,
+    nbgrader_meta,
+    read,
+)
+
+CID = f"pytest-torch-{os.getpid()}"
+
+
+# ---- pure ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("n,p", [(10, 3), (7, 2), (1, 2), (0, 4), (100003, 5), (6, 1)])
+def test_chunk_bounds_cover_the_buffer(n, p):
+    b = collectives.chunk_bounds(n, p)
+    assert len(b) == p and b[0][0] == 0 and b[-1][1] == n
+    assert all(b[i][1] == b[i + 1][0] for i in range(p - 1))
+    sizes = [e - s for s, e in b]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == n
+
+
+def test_chunk_bounds_rejects_nonsense():
+    with pytest.raises(ValueError):
+        collectives.chunk_bounds(5, 0)
+
+
+def test_ring_bytes_and_bandwidth_formulas():
+    rb = collectives.ring_bytes(1000, 2, 4)
+    assert rb["total"] == 2 * 1000 * 4 and rb["per_rank"] == 4000 == rb["min"] == rb["max"]
+    rb = collectives.ring_bytes(7, 4, 8)  # chunks 2,2,2,1
+    assert rb["total"] == 6 * 7 * 8 and rb["min"] == 6 * 8 and rb["max"] == 6 * 16
+    assert collectives.algbw(2e9, 2.0) == pytest.approx(1.0)
+    assert collectives.busbw(2e9, 2.0, 2) == pytest.approx(1.0)
+    assert collectives.busbw(2e9, 2.0, 4) == pytest.approx(1.5)
+    assert collectives.busbw(2e9, 2.0, 4, "all_gather") == pytest.approx(0.75)
+    with pytest.raises(ValueError):
+        collectives.busbw(1, 1, 2, "nope")
+    table = collectives.bandwidth_table({"gloo": 0.1, "mine": 0.2}, 64 * 2**20, 2)
+    assert "0.50x" in table and "1.00x" in table and "64 MiB" in table
+
+
+def test_digits_as_cifar_shape_and_split():
+    tr, te = data.digits_as_cifar(True), data.digits_as_cifar(False)
+    assert tr.x.shape == (1797 - data.DIGITS_TEST, 3, 32, 32) and te.x.shape[0] == data.DIGITS_TEST
+    assert tr.x.dtype == np.float32 and 0.0 <= tr.x.min() and tr.x.max() <= 1.0
+    # 4x nearest upsampling: each 4x4 block is constant, channels are equal.
+    assert np.array_equal(tr.x[:, 0], tr.x[:, 2])
+    assert np.array_equal(tr.x[:, :, ::4, ::4], tr.x[:, :, 3::4, 3::4])
+    assert "not CIFAR-10" in tr.note
+
+
+def test_cifar10_falls_back_without_files(tmp_path):
+    ds = data.cifar10(str(tmp_path / "none"), train=True, n=100, download=False)
+    assert ds.name == "digits-as-cifar" and len(ds) == 100 and ds.x.shape[1:] == (3, 32, 32)
+    assert ds.note.startswith("CIFAR-10 unavailable") and "\n" not in ds.note
+
+
+def test_cifar10_reads_a_local_copy(tmp_path, monkeypatch):
+    """The real torchvision path: a tiny archive in CIFAR-10's on-disk format is read as such."""
+    import pickle
+
+    from torchvision.datasets import CIFAR10
+
+    folder = tmp_path / CIFAR10.base_folder
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name, _md5 in CIFAR10.train_list + CIFAR10.test_list:
+        batch = {"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8),
+                 "labels": list(range(4))}
+        with open(folder / name, "wb") as f:
+            pickle.dump(batch, f)
+    with open(folder / CIFAR10.meta["filename"], "wb") as f:
+        pickle.dump({"label_names": [str(i) for i in range(10)]}, f)
+    # our fake files have other checksums than the real archive's
+    monkeypatch.setattr("torchvision.datasets.cifar.check_integrity", lambda *a, **k: True)
+    ds = data.cifar10(str(tmp_path), train=True, download=False)
+    assert ds.name == "cifar10" and ds.x.shape == (20, 3, 32, 32) and ds.x.max() <= 1.0
+
+
+def test_step_batches_concatenate_to_full_batches():
+    per_rank = [train.step_batches(100, r, 2, 8, 20, seed=3) for r in range(2)]
+    full = train.full_batches(100, 2, 8, 20, seed=3)
+    assert all(len(b) == 8 for b in per_rank[0])
+    assert all(np.array_equal(np.concatenate([per_rank[0][t], per_rank[1][t]]), full[t])
+               for t in range(20))
+    assert not set(per_rank[0][0]) & set(per_rank[1][0])
+    with pytest.raises(ValueError):
+        train.step_batches(10, 0, 2, 8, 1)
+
+
+def test_models_are_seeded_and_shaped():
+    import torch
+
+    a, b = train.digits_mlp(1), train.digits_mlp(1)
+    assert torch.equal(train.flat_params(a), train.flat_params(b))
+    assert not torch.equal(train.flat_params(a), train.flat_params(train.digits_mlp(2)))
+    cnn = train.seed_cnn(seed=0)
+    assert cnn(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    assert len(list(cnn.parameters())) == 6
+
+
+def test_reference_sgd_is_deterministic_and_learns():
+    w1 = train.reference_sgd(5, 0.5, 16, 2)
+    assert np.array_equal(w1, train.reference_sgd(5, 0.5, 16, 2))
+    assert not np.array_equal(w1, train.flat_params(train.digits_mlp(0)).numpy())
+
+
+def test_viz_figures_are_pure_functions_of_arrays():
+    import matplotlib.pyplot as plt
+
+    figs = [
+        viz.per_rank_tensors([[1, 2], [3, 4]], [[4, 6], None], "t"),
+        viz.replica_divergence({"a": [0, 1, 2], "b": [0, 0, 0]}),
+        viz.per_rank_curves([[3, 2, 1], [3, 2.5, 1.5]], "loss", "t", [3, 2.2, 1.2]),
+        viz.bandwidth_bars({"gloo": 0.5, "ring": 0.55}, "t"),
+    ]
+    assert [len(f.axes) for f in figs] == [4, 1, 1, 1]
+    for f in figs:
+        plt.close(f)
+    with pytest.raises(ValueError):
+        viz.per_rank_tensors([[1]], [[1], [2]], "mismatch")
+
+
+# ---- real engines ---------------------------------------------------------------------------
+RING_OK = """
+import torch, torch.distributed as dist
+from course_utils.collectives import chunk_bounds
+
+def ring_ok(t):
+    p, r = dist.get_world_size(), dist.get_rank()
+    flat = t.view(-1)
+    b = chunk_bounds(flat.numel(), p)
+    sent = 0
+    buf = torch.empty(b[0][1] - b[0][0], dtype=t.dtype)
+    for phase in (0, 1):
+        for s in range(p - 1):
+            (a0, a1) = b[(r - s + phase) % p]
+            (c0, c1) = b[(r - s - 1 + phase) % p]
+            dst = buf[: c1 - c0] if phase == 0 else flat[c0:c1]
+            reqs = []
+            if a1 > a0:
+                reqs.append(dist.isend(flat[a0:a1], (r + 1) % p))
+            if c1 > c0:
+                reqs.append(dist.irecv(dst, (r - 1) % p))
+            for q in reqs:
+                q.wait()
+            if phase == 0:
+                flat[c0:c1] += dst
+            sent += (a1 - a0) * t.element_size()
+    return sent
+
+def ring_cheat(t):
+    dist.all_reduce(t)
+    return int(2 * (dist.get_world_size() - 1) / dist.get_world_size() * t.numel()) * 4
+"""
+
+CKPT_FUNCS = """
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from course_utils import train
+
+def save_good(m, o, epoch, path):
+    if dist.get_rank() == 0:
+        torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "epoch": epoch},
+                   path + ".tmp")
+        os.replace(path + ".tmp", path)
+    dist.barrier()
+
+def save_no_barrier(m, o, epoch, path):
+    if dist.get_rank() == 0:
+        torch.save({"model": m.module.state_dict(), "optimizer": o.state_dict(), "epoch": epoch},
+                   path)
+
+def save_everyone(m, o, epoch, path):
+    torch.save({"model": m.state_dict(), "optimizer": o.state_dict(), "epoch": epoch}, path)
+    dist.barrier()
+
+ck_model = DDP(train.seed_cnn(seed=0))
+ck_opt = torch.optim.SGD(ck_model.parameters(), lr=0.1, momentum=0.9)
+"""
+
+
+@pytest.fixture(scope="module")
+def tcluster():
+    import course_utils as cu
+
+    cc = cu.start(n=2, cluster_id=CID)
+    cu.init_torch(cc)
+    yield cc
+    cc.stop(force=True)
+
+
+@pytest.mark.cluster
+def test_check_all_reduce_accepts_a_ring_and_catches_a_cheat(tcluster):
+    tcluster.view.execute(RING_OK, block=True)
+    for n in (1, 7, 1001):
+        res = tcluster.run(collectives.engine_check_all_reduce, "ring_ok", n, 0, timeout=60)
+        assert all(x["max_abs_diff"] <= x["tol"] for x in res), res
+        assert sum(x["bytes_sent"] for x in res) == collectives.ring_bytes(n, 2, 4)["total"]
+    ok = tcluster.run(collectives.engine_check_point_to_point_only, "ring_ok", 1001, timeout=60)
+    assert all(x["max_abs_diff"] <= x["tol"] for x in ok)
+    with pytest.raises(Exception, match="isend/irecv only"):
+        tcluster.run(collectives.engine_check_point_to_point_only, "ring_cheat", 1001, timeout=60)
+    # The guard is lifted afterwards: the real all_reduce works again.
+    assert tcluster.run(collectives.engine_check_all_reduce, "ring_cheat", 5, timeout=60)[0][
+        "max_abs_diff"] == 0.0
+
+
+@pytest.mark.cluster
+def test_engine_time_and_bench(tcluster):
+    tcluster.view.execute(RING_OK, block=True)
+    res = tcluster.run(collectives.engine_bench_all_reduce, "ring_ok", 4 * 2**20, 3, timeout=120)
+    assert res[0] == res[1]  # max-reduced: every rank reports the slowest rank's time
+    assert set(res[0]) == {"dist.all_reduce (gloo)", "ring_ok"} and all(
+        0 < s < 10 for s in res[0].values())
+
+
+@ipp.interactive
+def spreads():
+    import torch
+    import torch.distributed as dist
+
+    from course_utils import train as tr
+
+    r = dist.get_rank()
+    m = tr.digits_mlp(seed=r)
+    different = tr.replica_spread(m)
+    for t in m.parameters():
+        dist.broadcast(t.data, 0)
+    same = tr.replica_spread(m)
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(r))
+    m(x).sum().backward()
+    g = tr.grad_spread(m)
+    met = tr.reduce_metrics(loss_sum=float(r + 1), correct=r, count=2)
+    ev = tr.evaluate(m, torch.zeros(10, 64), torch.zeros(10, dtype=torch.long))
+    return different, same, g, met, ev
+
+
+@pytest.mark.cluster
+def test_replica_and_grad_spread_reduce_metrics_evaluate(tcluster):
+    (d0, s0, g0, m0, e0), (d1, s1, g1, m1, e1) = tcluster.run(spreads, timeout=60)
+    assert d0 == d1 > 0 and s0 == s1 == 0.0 and g0 == g1 > 0
+    assert m0["loss"] == m1["loss"] == pytest.approx(3 / 4) and m0["accuracy"] == 0.25
+    assert m0["local_accuracy"] == 0.0 and m1["local_accuracy"] == 0.5
+    assert e0["count"] == 10 and e0["accuracy"] == e1["accuracy"]
+
+
+@pytest.mark.cluster
+def test_engine_check_checkpoint(tcluster, tmp_path):
+    tcluster.view.execute(CKPT_FUNCS, block=True)
+    path = str(tmp_path / "ck.pt")
+    args = ("ck_model", "ck_opt", 3)
+    good = tcluster.run(train.engine_check_checkpoint, "save_good", path, *args, timeout=60)
+    assert good[0]["calls"] == [path + ".tmp"] and good[1]["calls"] == []
+    assert all(x["exists_on_return"] for x in good) and good[0]["epoch"] == 3
+    assert not good[0]["module_prefixed"] and good[0]["n_model_keys"] == 6
+    assert not any(x["leftovers"] for x in good)
+    nob = tcluster.run(train.engine_check_checkpoint, "save_no_barrier", path, *args, timeout=60)
+    assert not nob[1]["exists_on_return"]  # rank 1 returned while rank 0 was still writing
+    every = tcluster.run(train.engine_check_checkpoint, "save_everyone", path, *args, timeout=60)
+    assert every[1]["calls"] and every[0]["module_prefixed"]
+
+
+# ---- the notebooks' tests catch real mistakes -----------------------------------------------
+def with_solution(nb, grade_id: str, body: str):
+    """``nb`` with the solution region of cell ``grade_id`` replaced by ``body`` (indented)."""
+    for c in nb.cells:
+        if nbgrader_meta(c).get("grade_id") == grade_id:
+            m = re.search(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION\n?", c.source, re.S)
+            assert m, grade_id
+            ind = m.group(1)
+            new = "\n".join(ind + line if line else line for line in body.strip("\n").splitlines())
+            c.source = c.source[: m.start()] + new + "\n" + c.source[m.end():]
+            return nb
+    raise KeyError(grade_id)
+
+
+def outcomes(nb) -> dict[str, bool]:
+    return {o.grade_id: o.failed for o in grade_outcomes(execute_until_last_test(nb))}
+
+
+MUTANTS = {
+    "01-ring-uses-all_reduce": (
+        "01_collectives.ipynb", {"ex1-solution": """
+dist.all_reduce(t)
+return int(2 * (world_size - 1) * t.numel() * t.element_size() // world_size)
+"""}, ["ex1-test-correct"]),
+    "01-ring-unchunked": (
+        "01_collectives.ipynb", {"ex1-solution": """
+flat = t.view(-1)
+got = torch.empty_like(flat)
+sent = 0
+acc = flat.clone()
+cur = flat.clone()
+for _ in range(world_size - 1):  # pass whole buffers around the ring
+    reqs = [dist.isend(cur, (rank + 1) % world_size), dist.irecv(got, (rank - 1) % world_size)]
+    for q in reqs:
+        q.wait()
+    sent += cur.numel() * cur.element_size()
+    acc += got
+    cur = got.clone()
+flat.copy_(acc)
+return sent
+"""}, ["ex1-test-bytes"]),
+    "02-sum-not-mean": (
+        "02_data_parallel_from_scratch.ipynb", {"ex1-solution": """
+opt.zero_grad()
+loss = F.cross_entropy(model(xb), yb)
+loss.backward()
+for prm in model.parameters():
+    dist.all_reduce(prm.grad)
+opt.step()
+return float(loss)
+"""}, ["ex1-test"]),
+    "02-seed-all_reduce-loss": (
+        "02_data_parallel_from_scratch.ipynb", {"ex1-solution": """
+opt.zero_grad()
+loss = F.cross_entropy(model(xb), yb)
+loss.backward()
+opt.step()
+dist.all_reduce(loss)
+return float(loss) / world_size
+"""}, ["ex1-test"]),
+    "03-no-set_epoch-plain-model-no-barrier": (
+        "03_pytorch_ddp.ipynb", {
+            "ex1-solution": """
+return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0,
+                          drop_last=True)
+""",
+            "ex2-solution": """
+return model.to(device)
+""",
+            "ex3-solution": """
+if rank == 0:
+    torch.save({"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                "epoch": epoch}, path)
+""",
+        }, ["ex1-test", "ex2-test", "ex3-test"]),
+}
+
+
+@pytest.mark.cluster
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_graded_tests_catch_a_wrong_solution(name):
+    notebook, bodies, must_fail = MUTANTS[name]
+    nb = read(NOTEBOOK_DIR / notebook)
+    for gid, body in bodies.items():
+        nb = with_solution(nb, gid, body)
+    got = outcomes(nb)
+    assert all(got[g] for g in must_fail), f"{name}: expected {must_fail} to fail, got {got}"
