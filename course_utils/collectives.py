@@ -211,10 +211,38 @@ def engine_check_point_to_point_only(fn_name: str, n: int, seed: int = 0) -> dic
         __main__.__dict__.pop("_course_guarded", None)
 
 
-def engine_bench_all_reduce(fn_name: str, nbytes: int = 64 * 2**20, iters: int = 5
+def engine_compare(fns: dict[str, Callable[[], Any]], iters: int = 7, warmup: int = 1
+                   ) -> dict[str, float]:
+    """*Collective.* Median seconds of each named ``fn()``, the slowest rank's time per run.
+
+    The functions take turns (A, B, A, B, ...) rather than running all of A then all of B, so
+    a machine whose load changes during the measurement (a shared CI box) biases neither.
+    """
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(iters):
+        for name, fn in fns.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+            times[name].append(float(dt.item()))
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def engine_bench_all_reduce(fn_name: str, nbytes: int = 64 * 2**20, iters: int = 7
                             ) -> dict[str, float]:
     """*Collective.* Median seconds of the ``%%px`` function ``fn_name(t)`` and of
-    ``dist.all_reduce(t)`` on a float32 buffer of ``nbytes`` (used in ``01_collectives``)."""
+    ``dist.all_reduce(t)`` on a float32 buffer of ``nbytes``, measured in turns
+    (:func:`engine_compare`). Used in ``01_collectives``."""
     import torch
     import torch.distributed as dist
 
@@ -223,8 +251,43 @@ def engine_bench_all_reduce(fn_name: str, nbytes: int = 64 * 2**20, iters: int =
     fn = vars(__main__).get(fn_name)
     if fn is None:
         raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
-    t = torch.ones(nbytes // 4)
-    return {
-        "dist.all_reduce (gloo)": engine_time(lambda: dist.all_reduce(t), iters=iters),
-        fn_name: engine_time(lambda: fn(t), iters=iters),
-    }
+    t = torch.full((nbytes // 4,), 1e-3)
+    return engine_compare({"dist.all_reduce (gloo)": lambda: dist.all_reduce(t),
+                           fn_name: lambda: fn(t)}, iters=iters)
+
+
+def engine_record_ring(fn_name: str, n: int) -> dict[str, Any]:
+    """*Collective.* Run the ``%%px`` function ``fn_name(t)`` on a small readable tensor (rank
+    ``r`` holds ``100*r + [0, 1, ..., n-1]``) and record every message it sends with
+    ``dist.isend``/``dist.send``: destination and the chunk's values *at the moment it was
+    sent*. Returns this rank's ``before``, ``messages`` and ``after``, for
+    :func:`course_utils.viz.ring_trace` (used in ``01_collectives``).
+    """
+    import torch
+    import torch.distributed as dist
+
+    import __main__
+
+    fn = vars(__main__).get(fn_name)
+    if fn is None:
+        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    rank = dist.get_rank()
+    t = torch.arange(n, dtype=torch.float32) + 100.0 * rank
+    before = t.tolist()
+    messages: list[tuple[int, list[float]]] = []
+    saved = {name: getattr(dist, name) for name in ("send", "isend")}
+
+    def spying(name: str) -> Callable[..., Any]:
+        def spy(tensor: Any, dst: int, *args: Any, **kwargs: Any) -> Any:
+            messages.append((int(dst), tensor.detach().reshape(-1).tolist()))
+            return saved[name](tensor, dst, *args, **kwargs)
+        return spy
+
+    for name in saved:
+        setattr(dist, name, spying(name))
+    try:
+        fn(t)
+    finally:
+        for name, f in saved.items():
+            setattr(dist, name, f)
+    return {"rank": rank, "before": before, "messages": messages, "after": t.tolist()}

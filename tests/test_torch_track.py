@@ -133,8 +133,10 @@ def test_viz_figures_are_pure_functions_of_arrays():
         viz.replica_divergence({"a": [0, 1, 2], "b": [0, 0, 0]}),
         viz.per_rank_curves([[3, 2, 1], [3, 2.5, 1.5]], "loss", "t", [3, 2.2, 1.2]),
         viz.bandwidth_bars({"gloo": 0.5, "ring": 0.55}, "t"),
+        viz.ring_trace([{"before": [0, 1], "messages": [(1, [0])], "after": [100, 102]},
+                        {"before": [100, 101], "messages": [(0, [101])], "after": [100, 102]}]),
     ]
-    assert [len(f.axes) for f in figs] == [4, 1, 1, 1]
+    assert [len(f.axes) for f in figs] == [4, 1, 1, 1, 1]
     for f in figs:
         plt.close(f)
     with pytest.raises(ValueError):
@@ -221,6 +223,9 @@ def test_check_all_reduce_accepts_a_ring_and_catches_a_cheat(tcluster):
     assert all(x["max_abs_diff"] <= x["tol"] for x in ok)
     with pytest.raises(Exception, match="isend/irecv only"):
         tcluster.run(collectives.engine_check_point_to_point_only, "ring_cheat", 1001, timeout=60)
+    rec = tcluster.run(collectives.engine_record_ring, "ring_ok", 5, timeout=60)
+    assert rec[0]["before"] == [0, 1, 2, 3, 4] and rec[1]["after"] == [100, 102, 104, 106, 108]
+    assert rec[0]["messages"] == [(1, [0.0, 1.0, 2.0]), (1, [106.0, 108.0])]  # partial, then done
     # The guard is lifted afterwards: the real all_reduce works again.
     assert tcluster.run(collectives.engine_check_all_reduce, "ring_cheat", 5, timeout=60)[0][
         "max_abs_diff"] == 0.0
