@@ -77,20 +77,28 @@ def digits_as_cifar(train: bool = True, seed: int = 0) -> ArrayDataset:
 
 
 def cifar10(root: str, train: bool = True, n: int | None = None, download: bool = True,
-            seed: int = 0) -> ArrayDataset:
+            seed: int = 0, timeout: float = 30.0) -> ArrayDataset:
     """CIFAR-10 through ``torchvision.datasets.CIFAR10`` or, if that fails, the offline fallback.
 
     ``x`` is float32 (N, 3, 32, 32) in [0, 1], ``y`` int64. ``n`` keeps a seeded random subset.
     When the download (or a local copy under ``root``) is unavailable, e.g. in CI without
     internet, :func:`digits_as_cifar` is returned instead and ``note`` says so in one line.
     On several ranks, let rank 0 download first, then barrier, then the others load with
-    ``download=False`` (two processes writing the same archive corrupt it).
+    ``download=False`` (two processes writing the same archive corrupt it). ``timeout`` bounds
+    each network operation, so a network that drops packets falls back instead of hanging.
     Introduced in ``03_pytorch_ddp``.
     """
+    import socket
+
+    previous = socket.getdefaulttimeout()
     try:
         from torchvision.datasets import CIFAR10
 
-        ds = CIFAR10(root, train=train, download=download)
+        socket.setdefaulttimeout(timeout)
+        try:
+            ds = CIFAR10(root, train=train, download=download)
+        finally:
+            socket.setdefaulttimeout(previous)
         x = np.ascontiguousarray(ds.data.transpose(0, 3, 1, 2), dtype=np.float32) / 255.0
         y = np.asarray(ds.targets, dtype=np.int64)
         out = ArrayDataset(x, y, "cifar10",

@@ -70,7 +70,11 @@ def test_digits_as_cifar_shape_and_split():
 
 
 def test_cifar10_falls_back_without_files(tmp_path):
+    import socket
+
+    before = socket.getdefaulttimeout()
     ds = data.cifar10(str(tmp_path / "none"), train=True, n=100, download=False)
+    assert socket.getdefaulttimeout() == before  # the download timeout is not left behind
     assert ds.name == "digits-as-cifar" and len(ds) == 100 and ds.x.shape[1:] == (3, 32, 32)
     assert ds.note.startswith("CIFAR-10 unavailable") and "\n" not in ds.note
 
