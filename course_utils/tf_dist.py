@@ -24,11 +24,13 @@ the ``_engine_*`` functions run on the engines.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -250,8 +252,8 @@ def teardown(cluster: CourseCluster | None = None) -> bool:
     _STATE.clear()
     try:
         hosted = cc.run(_engine_hosted, timeout=15)
-    except CourseError:
-        hosted = [True]  # an engine does not answer (killed in a demo): replace them anyway
+    except Exception:  # an engine is gone (killed in a demo) or stuck: replace them anyway
+        hosted = [True]
     if any(hosted):
         cc.restart()
         return True
@@ -268,6 +270,43 @@ def kill_rank(rank: int, cluster: CourseCluster | None = None) -> int:
     info = cc.ranks[rank]
     cc.client[info.engine_id].apply_async(os._exit, 1)
     return info.pid
+
+
+@contextlib.contextmanager
+def watch_coordinator() -> Iterator[Counter[str]]:
+    """Count what a ``ClusterCoordinator`` does about failures, without printing its log.
+
+    Yields a Counter: ``worker_failures`` (a worker call failed), ``retried`` (a closure was put
+    back on the queue to run on another worker), ``recovering`` (it started reconnecting).
+    After the block TensorFlow's Python log stays at CRITICAL in this kernel: the coordinator
+    keeps trying to reconnect a lost worker in the background and would print each attempt.
+    """
+    import logging
+
+    counts: Counter[str] = Counter()
+
+    class _Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if "Putting back a closure" in msg:
+                counts["retried"] += 1
+            elif " failed with " in msg and "Worker" in msg:
+                counts["worker_failures"] += 1
+            elif "being recovered" in msg:
+                counts["recovering"] += 1
+
+    logger = logging.getLogger("tensorflow")
+    saved = (logger.level, list(logger.handlers), logger.propagate)
+    handler = _Count()
+    logger.handlers = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    try:
+        yield counts
+    finally:
+        logger.handlers = [h for h in saved[1] if h is not handler] or [logging.NullHandler()]
+        logger.propagate = saved[2]
+        logger.setLevel(logging.CRITICAL)
 
 
 def _addresses(tfc: TFCluster) -> dict[str, str]:
@@ -297,10 +336,20 @@ def quiet_tensorflow() -> Any:
     """Import TensorFlow with its C++ and Python logging reduced to errors that matter."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import logging
+    import sys
 
+    if "tensorflow" not in sys.modules:
+        # TF 2.21 prints its start-up lines (oneDNN, CUDA stub) from C++ before its log level is
+        # read, straight to file descriptor 2, where a notebook shows them: silence that fd
+        # for the import only. Python errors still propagate.
+        with contextlib.suppress(OSError), _stderr_fd_silenced():
+            import tensorflow  # noqa: F401
     import tensorflow as tf
 
-    tf.get_logger().setLevel(logging.ERROR)
+    logger = tf.get_logger()
+    logger.setLevel(logging.ERROR)
+    if not any(isinstance(f, _DropUnusedTensorNotes) for f in logger.filters):
+        logger.addFilter(_DropUnusedTensorNotes())
     try:
         from absl import logging as absl_logging
 
@@ -308,6 +357,31 @@ def quiet_tensorflow() -> Any:
     except ImportError:  # pragma: no cover - absl ships with TF
         pass
     return tf
+
+
+class _DropUnusedTensorNotes:
+    """Drops TF's "Object was never used" note, logged at ERROR when a graph built only to be
+    inspected (e.g. for its device placement) is garbage-collected."""
+
+    def filter(self, record: Any) -> bool:
+        return "Object was never used" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _stderr_fd_silenced() -> Iterator[None]:
+    import sys
+
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def _kernel_address(cc: CourseCluster) -> str:
