@@ -1,0 +1,179 @@
+"""TF helpers: cluster spec and TF_CONFIG as pure functions; real servers on engines for the
+readiness check and the missing-ps error; the thread-pool guard against co-located servers
+hanging."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from course_utils import tf_dist
+from course_utils.engine import getenv
+from course_utils.ports import free_port
+
+ROLES_2 = {"ps": [0, 0], "worker": [0, 1]}
+PORTS_2 = {("ps", 0): 2223, ("ps", 1): 2224, ("worker", 0): 2222, ("worker", 1): 2225}
+
+
+# ---- pure ----------------------------------------------------------------------------------
+def test_roles_for_two_engines_keep_rank1_a_pure_worker():
+    assert tf_dist.plan_roles(2, num_ps=1) == {"ps": [0], "worker": [0, 1]}
+    assert tf_dist.plan_roles(2, num_ps=2) == ROLES_2
+    assert tf_dist.plan_roles(4, num_ps=2, num_workers=3) == {"ps": [0, 0], "worker": [0, 1, 2]}
+    assert tf_dist.plan_roles(1, num_ps=1, num_workers=2) == {"ps": [0], "worker": [0, 0]}
+    assert tf_dist.tasks_on_rank(ROLES_2, 0) == [("ps", 0), ("ps", 1), ("worker", 0)]
+    assert tf_dist.tasks_on_rank(ROLES_2, 1) == [("worker", 1)]
+
+
+@pytest.mark.parametrize("bad", [dict(world_size=0), dict(num_ps=0), dict(num_workers=0),
+                                 dict(ps_rank=2)])
+def test_roles_reject_impossible_requests(bad):
+    kw = {"world_size": 2, **bad}
+    with pytest.raises((ValueError, tf_dist.CourseError)):
+        tf_dist.plan_roles(**kw)
+
+
+def test_cluster_dict_and_tf_config_from_a_rank_map():
+    spec = tf_dist.cluster_dict(ROLES_2, ["10.0.0.1", "10.0.0.2"], PORTS_2)
+    assert spec == {"ps": ["10.0.0.1:2223", "10.0.0.1:2224"],
+                    "worker": ["10.0.0.1:2222", "10.0.0.2:2225"]}
+    with_chief = tf_dist.cluster_dict(ROLES_2, ["a", "b"], PORTS_2, chief="c:1")
+    assert with_chief["chief"] == ["c:1"]
+    cfg = tf_dist.make_tf_config(spec, "worker", 1)
+    assert cfg == {"cluster": spec, "task": {"type": "worker", "index": 1}}
+    assert json.loads(json.dumps(cfg)) == cfg
+    with pytest.raises(ValueError, match="tasks 0..1"):
+        tf_dist.make_tf_config(spec, "worker", 2)
+    with pytest.raises(ValueError, match="not in the cluster"):
+        tf_dist.make_tf_config(spec, "chief", 0)
+
+
+def test_inter_op_threads_grow_with_the_task_count():
+    assert tf_dist.inter_op_threads({"ps": ["a:1"], "worker": ["a:2", "b:3"]}) == 4
+    assert tf_dist.inter_op_threads({"ps": ["a:1"] * 2, "worker": ["a:2"] * 6}) == 9
+
+
+def test_unanswered_names_missing_tasks_within_the_bound():
+    t0 = time.monotonic()
+    missing = tf_dist.unanswered({"ps:0": f"127.0.0.1:{free_port()}"}, timeout=1.0)
+    assert missing == ["ps:0"] and time.monotonic() - t0 < 5
+
+
+# ---- real servers on engines ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cluster():
+    import course_utils as cu
+
+    cc = cu.start(n=2, cluster_id=f"pytest-tf-{os.getpid()}")
+    yield cc
+    tf_dist.teardown(cc)
+    cc.stop(force=True)
+
+
+@pytest.mark.cluster
+def test_servers_start_answer_and_rerun_reuses_them(cluster):
+    tfc = tf_dist.start_servers(cluster, num_ps=2, num_workers=2)
+    assert tfc.roles == ROLES_2
+    assert tf_dist.wait_ready(tfc, timeout=5) < 5
+    hosted = cluster.run(tf_dist._engine_hosted)
+    assert hosted == [["ps:0", "ps:1", "worker:0"], ["worker:1"]]
+    env = [json.loads(e) for e in cluster.run(getenv, "TF_CONFIG")]
+    assert [e["task"] for e in env] == [{"type": "worker", "index": 0},
+                                        {"type": "worker", "index": 1}]
+    assert tf_dist.start_servers(cluster, num_ps=2, num_workers=2) is tfc  # idempotent
+    again = tf_dist.start_servers(cluster, num_ps=1)  # another layout: fresh engines and ports
+    assert again is not tfc and again.roles == {"ps": [0], "worker": [0, 1]}
+    assert set(again.cluster["ps"]).isdisjoint(tfc.cluster["ps"] + tfc.cluster["worker"])
+    assert cluster.run(tf_dist._engine_hosted) == [["ps:0", "worker:0"], ["worker:1"]]
+
+
+@pytest.mark.cluster
+def test_a_missing_ps_is_named_within_the_bound(cluster):
+    import dataclasses
+
+    tfc = tf_dist.start_servers(cluster, num_ps=1)
+    dead = f"127.0.0.1:{free_port()}"
+    broken = dataclasses.replace(tfc, cluster={**tfc.cluster, "ps": [dead]})
+    t0 = time.monotonic()
+    with pytest.raises(tf_dist.TFServerNotAnswering) as err:
+        tf_dist.connect_coordinator(broken, timeout=2, cluster=cluster)
+    assert time.monotonic() - t0 < 10
+    assert f"ps:0 at {dead} (rank 0)" in err.value.cause and "start_servers" in err.value.fix
+
+
+@pytest.mark.cluster
+def test_teardown_replaces_engines_that_hosted_servers(cluster):
+    tf_dist.start_servers(cluster, num_ps=1)
+    old = set(cluster.ranks.engine_ids)
+    assert tf_dist.teardown(cluster) is True
+    assert set(cluster.ranks.engine_ids).isdisjoint(old)
+    assert cluster.run(tf_dist._engine_hosted) == [[], []]
+    assert tf_dist.active() is None
+    assert tf_dist.teardown(cluster) is False  # nothing hosted: no restart
+
+
+# ---- the thread-pool guard -----------------------------------------------------------------
+IN_PROCESS = textwrap.dedent("""
+    import os, sys
+    from course_utils import tf_dist
+    from course_utils.ports import free_ports
+    tf = tf_dist.quiet_tensorflow()
+    mode = sys.argv[1]
+    p = free_ports(4)
+    spec = {"ps": [f"127.0.0.1:{p[0]}"], "worker": [f"127.0.0.1:{p[1]}", f"127.0.0.1:{p[2]}"]}
+    if mode == "helper":
+        cfg = tf_dist.server_config(spec)
+        tf.config.threading.set_inter_op_parallelism_threads(tf_dist.inter_op_threads(spec))
+    else:  # what a 1-2 core machine gets by default: one or two inter-op threads per server
+        cfg = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
+    cs = tf.train.ClusterSpec(spec)
+    for job in ("ps", "worker"):
+        for i in range(len(spec[job])):
+            tf.distribute.Server(cs, job, i, config=cfg, protocol="grpc")
+    res = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({**spec, "chief": [f"127.0.0.1:{p[3]}"]}), task_type="chief",
+        task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(res)
+    coord = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = tf.Variable(0.0)
+    ds = coord.create_per_worker_dataset(lambda: tf.data.Dataset.range(10**6).map(
+        lambda i: tf.cast(i, tf.float32)))
+    it = iter(ds)
+    @tf.function
+    def step(it):
+        return strategy.run(lambda x: v.assign_add(x * 0.0 + 1.0), args=(next(it),))
+    for _ in range(50):
+        coord.schedule(step, args=(it,))
+    coord.join()
+    print("steps", int(v.numpy()), flush=True)
+    os._exit(0)
+""")
+
+
+def _in_process(mode: str, timeout: float) -> tuple[bool, float, str]:
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run([sys.executable, "-c", IN_PROCESS, mode], capture_output=True,
+                             text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, time.monotonic() - t0, "timed out"
+    return out.returncode == 0, time.monotonic() - t0, out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_sized_pools_finish_where_starved_pools_hang():
+    ok, seconds, out = _in_process("helper", timeout=90)
+    assert ok and "steps 50" in out, out
+    starved_ok, starved_s, _ = _in_process("starved", timeout=30)
+    assert not starved_ok, (
+        f"starved pools finished in {starved_s:.1f} s: the guard is no longer needed here")
+    print(f"helper pools: 50 steps incl. TF start in {seconds:.1f} s; "
+          f"1-thread pools: no result after {starved_s:.0f} s")
