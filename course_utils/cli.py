@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="check versions, hardware and a real 2-engine cluster")
     doc.add_argument("--engines", type=int, default=2)
     doc.add_argument("--timeout", type=float, default=60)
-    doc.add_argument("--no-tf", action="store_true", help="skip the TensorFlow import check")
+    doc.add_argument("--no-tf", action="store_true", help="skip the TensorFlow checks")
     doc.set_defaults(func=cmd_doctor)
 
     b = sub.add_parser("bench", help="benchmarks; prints a JSON line last")

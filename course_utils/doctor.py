@@ -6,6 +6,7 @@ own cluster id so they never touch a running ``course lab``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import platform
@@ -75,7 +76,7 @@ def check_hardware() -> Check:
     return Check("hardware", True, detail)
 
 
-def check_cluster(engines: int, timeout: float) -> list[Check]:
+def check_cluster(engines: int, timeout: float, tf: bool = False) -> list[Check]:
     from . import cluster, torch_dist
 
     checks = []
@@ -103,9 +104,36 @@ def check_cluster(engines: int, timeout: float) -> list[Check]:
         except Exception as exc:
             checks.append(Check("gloo all_reduce", False, str(exc).splitlines()[0],
                                 getattr(exc, "fix", INSTALL_FIX)))
+        if tf:
+            checks.append(check_tf_cluster(cc, timeout))
     finally:
         cc.stop(force=True)
     return checks
+
+
+def check_tf_cluster(cc, timeout: float) -> Check:
+    """1 ps + 1 worker on the engines (on different ranks when there are two): both answer,
+    and one training step on the worker moves the variable that lives on the ps."""
+    from . import tf_dist
+
+    name = "tf parameter server"
+    t0 = time.perf_counter()
+    try:
+        tfc = tf_dist.start_servers(cc, num_ps=1, num_workers=1, ps_rank=cc.world_size - 1,
+                                    timeout=min(timeout, 20))
+        ready = time.perf_counter() - t0
+        w = cc.run_on(tfc.rank_of("worker", 0), tf_dist._engine_one_step, timeout=60)
+        ok = abs(w - 0.6) < 1e-5
+        detail = (f"ps:0 on rank {tfc.rank_of('ps', 0)}, worker:0 on rank "
+                  f"{tfc.rank_of('worker', 0)} answered in {ready:.1f} s; one step moved w "
+                  f"0 -> {w:.3f} (want 0.600) in {time.perf_counter() - t0:.1f} s")
+        return Check(name, ok, detail, "" if ok else "report this: the ps step gave a wrong value")
+    except Exception as exc:
+        return Check(name, False, str(exc).splitlines()[0],
+                     getattr(exc, "fix", "run `course doctor` again; see the engine logs"))
+    finally:
+        with contextlib.suppress(Exception):
+            tf_dist.teardown(cc)
 
 
 def _rank_sum() -> float:
@@ -133,8 +161,9 @@ def run_checks(engines: int = 2, timeout: float = 60, tf: bool = True,
         add(check_tensorflow())
     add(check_hardware())
     torch_ok = all(c.ok for c in results if c.name in ("torch", "ipyparallel"))
+    tf_ok = tf and all(c.ok for c in results if c.name == "tensorflow")
     if torch_ok:
-        for c in check_cluster(engines, timeout):
+        for c in check_cluster(engines, timeout, tf=tf_ok):
             add(c)
     else:
         add(Check("cluster", False, "skipped: torch or ipyparallel is missing", INSTALL_FIX))

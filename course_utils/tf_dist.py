@@ -535,6 +535,30 @@ def reset_ps(cluster: CourseCluster | None = None, tfc: TFCluster | None = None)
     cc.run_on(tfc.rank_of("worker", 0), _engine_reset, timeout=30)
 
 
+def _engine_one_step() -> float:
+    """``course doctor``: one SGD step (lr 0.1) on (w - 3)^2 with w on the ps; returns w (0.6)."""
+    import __main__
+
+    tf = quiet_tensorflow()
+    ns = vars(__main__)
+    spec = ns["tf_cluster"]
+    wi = ns["worker_index"]
+    graph = tf.Graph()
+    with graph.as_default():
+        setter = tf.compat.v1.train.replica_device_setter(
+            worker_device=f"/job:worker/task:{wi}", cluster=tf.train.ClusterSpec(spec))
+        with tf.compat.v1.device(setter):
+            w = tf.compat.v1.get_variable("doctor_w", [],
+                                          initializer=tf.compat.v1.zeros_initializer())
+            loss = tf.square(w - 3.0)
+            step = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        with tf.compat.v1.Session(ns["tf_servers"][f"worker:{wi}"].target,
+                                  config=session_config(wi, spec)) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(step)
+            return float(sess.run(w))
+
+
 def _engine_reset() -> bool:
     import tensorflow as tf
 

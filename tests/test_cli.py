@@ -118,3 +118,22 @@ def test_bench_startup_prints_json_last():
     for key in ("cold_ready_s", "warm_ready_s", "raw_cold_ready_s", "helper_roundtrip_ms",
                 "raw_roundtrip_ms", "roundtrip_ratio"):
         assert result[key] > 0, key
+
+
+def test_doctor_tf_check_trains_a_step_on_a_ps():
+    out = run(["doctor"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    line = next(ln for ln in out.stdout.splitlines() if "tf parameter server" in ln)
+    assert line.startswith("[PASS]") and "ps:0 on rank 1, worker:0 on rank 0" in line, line
+    assert "one step moved w 0 -> 0.600" in line, line
+
+
+def test_doctor_skips_the_tf_cluster_check_without_tensorflow(tmp_path):
+    fake = tmp_path / "tensorflow"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('tensorflow is not installed')\n")
+    out = run(["doctor"], env={"PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 1
+    assert "[FAIL] tensorflow: cannot import" in out.stdout and "-> fix:" in out.stdout
+    assert "tf parameter server" not in out.stdout
+    assert "[PASS] gloo all_reduce" in out.stdout
