@@ -272,6 +272,38 @@ def kill_rank(rank: int, cluster: CourseCluster | None = None) -> int:
     return info.pid
 
 
+def join_within(coordinator: Any, timeout: float = 60.0) -> tuple[str | None, float]:
+    """``coordinator.join()``, waited for at most ``timeout`` seconds.
+
+    Returns ``(None, seconds)`` when every scheduled step finished, or ``(error, seconds)`` with
+    the first line of the error ``join()`` raised (e.g. after a ps was lost). Raises
+    :class:`TFTimeout` if ``join()`` is still waiting (the call keeps waiting in a daemon thread).
+    """
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def _join() -> None:
+        try:
+            coordinator.join()
+            box["error"] = None
+        except Exception as exc:  # the coordinator re-raises what a step raised
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [""]
+            keys = ("UNAVAILABLE:", "failed to connect", "Socket closed", "Connection")
+            cause = next((ln for ln in lines if any(k in ln for k in keys)), lines[0])
+            box["error"] = f"{type(exc).__name__}: {cause[:200]}"
+
+    t0 = time.monotonic()
+    thread = threading.Thread(target=_join, name="course-join", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TFTimeout(f"coordinator.join() still waiting after {timeout:g} s",
+                        "a task may be gone for good: run cu.tf_dist.teardown(), then restart "
+                        "the kernel and the servers")
+    return box["error"], time.monotonic() - t0
+
+
 @contextlib.contextmanager
 def watch_coordinator() -> Iterator[Counter[str]]:
     """Count what a ``ClusterCoordinator`` does about failures, without printing its log.
