@@ -567,6 +567,40 @@ def reset_ps(cluster: CourseCluster | None = None, tfc: TFCluster | None = None)
     cc.run_on(tfc.rank_of("worker", 0), _engine_reset, timeout=30)
 
 
+def task_of(device: str) -> str:
+    """``"/job:ps/task:0/device:CPU:0"`` -> ``"/job:ps/task:0"`` (``""`` when unplaced)."""
+    return device.split("/device")[0] if device else ""
+
+
+def cross_task_traffic(graph: Any, batch: int) -> list[dict[str, Any]]:
+    """Every tensor one training step sends from one task to another in ``graph``.
+
+    Each entry: tensor name, source and destination task, and its size in bytes for a batch of
+    ``batch`` (unknown dimensions are the batch). Ops without a device are skipped.
+    """
+    seen = set()
+    out = []
+    for op in graph.get_operations():
+        dst = task_of(op.device)
+        for tensor in op.inputs:
+            src = task_of(tensor.op.device)
+            if not src or not dst or src == dst or (tensor.name, dst) in seen:
+                continue
+            seen.add((tensor.name, dst))
+            if tensor.op.type == "VarHandleOp":  # a remote read moves the variable's value
+                shape = [d.size for d in tensor.op.get_attr("shape").dim]
+                itemsize = tensor.op.get_attr("dtype").size
+            else:
+                shape = tensor.shape.as_list() if tensor.shape.rank is not None else [None]
+                itemsize = tensor.dtype.size or 8
+            size = itemsize
+            for d in shape:
+                size *= batch if d is None else d
+            out.append({"tensor": tensor.name, "from": src, "to": dst, "bytes": size,
+                        "per_example": None in shape})
+    return out
+
+
 def _engine_one_step() -> float:
     """``course doctor``: one SGD step (lr 0.1) on (w - 3)^2 with w on the ps; returns w (0.6)."""
     import __main__

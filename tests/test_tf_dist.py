@@ -177,3 +177,22 @@ def test_sized_pools_finish_where_starved_pools_hang():
         f"starved pools finished in {starved_s:.1f} s: the guard is no longer needed here")
     print(f"helper pools: 50 steps incl. TF start in {seconds:.1f} s; "
           f"1-thread pools: no result after {starved_s:.0f} s")
+
+
+def test_cross_task_traffic_counts_what_crosses_tasks():
+    tf = tf_dist.quiet_tensorflow()
+    graph = tf.Graph()
+    setter = tf.compat.v1.train.replica_device_setter(
+        ps_tasks=1, worker_device="/job:worker/task:0")
+    with graph.as_default(), tf.compat.v1.device(setter):
+        w = tf.compat.v1.get_variable("w", [64, 10], use_resource=True)
+        x = tf.compat.v1.placeholder(tf.float32, [None, 64])
+        y = tf.matmul(x, w)
+        with tf.compat.v1.device("/job:ps/task:0"):
+            tf.reduce_sum(y)
+    moves = {m["tensor"]: m for m in tf_dist.cross_task_traffic(graph, batch=8)}
+    read = next(m for name, m in moves.items() if name.startswith("w"))  # handle or its read
+    assert read["bytes"] == 64 * 10 * 4 and not read["per_example"], moves
+    assert moves["MatMul:0"]["bytes"] == 8 * 10 * 4 and moves["MatMul:0"]["per_example"]
+    assert moves["MatMul:0"]["to"] == "/job:ps/task:0"
+    assert tf_dist.task_of("/job:ps/task:0/device:CPU:0") == "/job:ps/task:0"
