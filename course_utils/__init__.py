@@ -6,6 +6,7 @@ load only on the engines that use them.
 
 from __future__ import annotations
 
+from . import tf_dist  # cheap: TensorFlow loads only inside the helpers that need it
 from .cluster import CourseCluster, current, restart, start, stop
 from .errors import CourseError
 from .torch_dist import destroy as destroy_torch
@@ -22,4 +23,5 @@ __all__ = [
     "restart",
     "start",
     "stop",
+    "tf_dist",
 ]
