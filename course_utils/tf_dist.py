@@ -272,6 +272,14 @@ def kill_rank(rank: int, cluster: CourseCluster | None = None) -> int:
     return info.pid
 
 
+def short_error(exc: BaseException) -> str:
+    """One readable line for a TF error: its type and the line that names the cause."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [""]
+    keys = ("UNAVAILABLE:", "failed to connect", "Socket closed", "Connection")
+    cause = next((ln for ln in lines if any(k in ln for k in keys)), lines[0])
+    return f"{type(exc).__name__}: {cause[:200]}"
+
+
 def join_within(coordinator: Any, timeout: float = 60.0) -> tuple[str | None, float]:
     """``coordinator.join()``, waited for at most ``timeout`` seconds.
 
@@ -288,10 +296,7 @@ def join_within(coordinator: Any, timeout: float = 60.0) -> tuple[str | None, fl
             coordinator.join()
             box["error"] = None
         except Exception as exc:  # the coordinator re-raises what a step raised
-            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [""]
-            keys = ("UNAVAILABLE:", "failed to connect", "Socket closed", "Connection")
-            cause = next((ln for ln in lines if any(k in ln for k in keys)), lines[0])
-            box["error"] = f"{type(exc).__name__}: {cause[:200]}"
+            box["error"] = short_error(exc)
 
     t0 = time.monotonic()
     thread = threading.Thread(target=_join, name="course-join", daemon=True)
