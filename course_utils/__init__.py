@@ -6,11 +6,15 @@ load only on the engines that use them.
 
 from __future__ import annotations
 
-from . import tf_dist  # cheap: TensorFlow loads only inside the helpers that need it
-from .cluster import CourseCluster, current, restart, start, stop
-from .errors import CourseError
-from .torch_dist import destroy as destroy_torch
-from .torch_dist import init as init_torch
+from .compat import install_import_guard
+
+install_import_guard()  # before anything can import TensorFlow; also runs on every engine
+
+from . import tf_dist  # noqa: E402  # cheap: TensorFlow loads only inside the helpers that need it
+from .cluster import CourseCluster, current, restart, start, stop  # noqa: E402
+from .errors import CourseError  # noqa: E402
+from .torch_dist import destroy as destroy_torch  # noqa: E402
+from .torch_dist import init as init_torch  # noqa: E402
 
 __version__ = "0.1.0"
 

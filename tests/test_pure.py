@@ -195,3 +195,23 @@ def test_shards_are_disjoint_equal_and_cover():
     assert len(shard_indices(10, 0, 3, drop_last=False)) == 4
     with pytest.raises(ValueError, match="not in 0..2"):
         shard_indices(10, 3, 3)
+
+
+# ---- framework import guard ----------------------------------------------------------------------
+def test_torchvision_imports_after_tensorflow_without_crashing():
+    """Without course_utils.compat this order segfaults (exit -11) on TF 2.21 + torch 2.14."""
+    import subprocess
+    import sys
+
+    code = ("import course_utils, torch, tensorflow, torchvision, sys; "
+            "print('ok', 'triton' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=180, env={"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.strip().endswith("ok False")
+
+
+def test_import_guard_installs_once():
+    from course_utils.compat import install_import_guard
+
+    assert install_import_guard() is False  # course_utils' import already installed it
