@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from nbclient import NotebookClient
 
 from course_utils.grading import (
     NOTEBOOK_DIR,
@@ -95,20 +94,3 @@ def test_graded_tests_catch_wrong_solutions(name):
         replace_solution(nb, gid, body)
     got = {o.grade_id: o.failed for o in grade_outcomes(execute_until_last_test(nb))}
     assert got == want_failed, got
-
-
-@pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_every_cell_reruns_in_the_same_kernel(name):
-    nb = read(NOTEBOOK_DIR / name)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    errors = []
-    with client.setup_kernel():
-        for attempt in (1, 2):
-            for i, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                client.execute_cell(cell, i)
-                errors += [(attempt, i, o.get("ename"), o.get("evalue"))
-                           for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors, errors

@@ -378,29 +378,3 @@ def test_graded_tests_catch_a_wrong_solution(name):
         nb = with_solution(nb, gid, body)
     got = outcomes(nb)
     assert all(got[g] for g in must_fail), f"{name}: expected {must_fail} to fail, got {got}"
-
-
-@pytest.mark.cluster
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["01_collectives.ipynb", "02_data_parallel_from_scratch.ipynb",
-                                  "03_pytorch_ddp.ipynb"])
-def test_every_cell_reruns_in_the_same_kernel(name):
-    """Run every cell but the teardown twice in one kernel (a learner re-running cells against a
-    live cluster and process group), then the teardown: no cell may fail."""
-    from nbclient import NotebookClient
-
-    nb = read(NOTEBOOK_DIR / name)
-    body = [(i, c) for i, c in enumerate(nb.cells)
-            if c.cell_type == "code" and "teardown" not in nbgrader_meta(c).get("grade_id", "")]
-    last = [(i, c) for i, c in enumerate(nb.cells)
-            if c.cell_type == "code" and "teardown" in nbgrader_meta(c).get("grade_id", "")]
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    errors = []
-    with client.setup_kernel():
-        for attempt, cells in ((1, body), (2, body), (3, last)):
-            for i, cell in cells:
-                client.execute_cell(cell, i)
-                errors += [(attempt, i, o.get("ename"), o.get("evalue"))
-                           for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors, errors
