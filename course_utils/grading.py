@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,3 +119,23 @@ def run_in_one_kernel(nb: NotebookNode, plan: str, timeout: int = 600,
                 errors += [(n, i, o.get("ename"), o.get("evalue"))
                            for o in cell.get("outputs", []) if o.get("output_type") == "error"]
     return errors
+
+
+def with_solution(nb: NotebookNode, grade_id: str, body: str) -> NotebookNode:
+    """``nb`` with the solution region of cell ``grade_id`` replaced by ``body`` (indented to
+    match). Tests use it to plant a learner's typical mistake and check a graded test fails."""
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("grade_id") != grade_id:
+            continue
+        m = re.search(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION\n?", cell.source, re.S)
+        if not m:
+            raise ValueError(f"cell {grade_id!r} has no solution region")
+        lines = [m.group(1) + ln if ln else ln for ln in body.strip("\n").splitlines()]
+        cell.source = cell.source[: m.start()] + "\n".join(lines) + "\n" + cell.source[m.end():]
+        return nb
+    raise KeyError(grade_id)
+
+
+def failed_by_test(nb: NotebookNode) -> dict[str, bool]:
+    """Execute up to the last graded test; map each test's grade_id to whether it failed."""
+    return {o.grade_id: o.failed for o in grade_outcomes(execute_until_last_test(nb))}

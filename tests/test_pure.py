@@ -215,3 +215,19 @@ def test_import_guard_installs_once():
     from course_utils.compat import install_import_guard
 
     assert install_import_guard() is False  # course_utils' import already installed it
+
+
+# ---- grading helpers -----------------------------------------------------------------------------
+def test_with_solution_replaces_only_the_region_and_keeps_indent():
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from course_utils.grading import with_solution
+
+    cell = new_code_cell("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n")
+    cell.metadata["nbgrader"] = {"grade_id": "ex", "solution": True}
+    nb = with_solution(new_notebook(cells=[cell]), "ex", "x = 2\nreturn x")
+    assert nb.cells[0].source == "def f():\n    x = 2\n    return x\n"
+    with pytest.raises(KeyError):
+        with_solution(nb, "missing", "pass")
+    with pytest.raises(ValueError, match="no solution region"):
+        with_solution(nb, "ex", "pass")

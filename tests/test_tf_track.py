@@ -3,33 +3,16 @@ every cell re-runs in the same kernel (servers reused or replaced, fresh chief p
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from course_utils.grading import (
     NOTEBOOK_DIR,
-    execute_until_last_test,
-    grade_outcomes,
-    nbgrader_meta,
+    failed_by_test,
     read,
+    with_solution,
 )
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-
-def replace_solution(nb, grade_id: str, body: str):
-    """``nb`` with the solution region of cell ``grade_id`` replaced by ``body``."""
-    for cell in nb.cells:
-        if nbgrader_meta(cell).get("grade_id") != grade_id:
-            continue
-        m = re.search(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION\n?", cell.source, re.S)
-        assert m, grade_id
-        indent = m.group(1)
-        lines = [indent + ln if ln else ln for ln in body.strip("\n").splitlines()]
-        cell.source = cell.source[: m.start()] + "\n".join(lines) + "\n" + cell.source[m.end():]
-        return nb
-    raise KeyError(grade_id)
 
 
 # The seed's mistake (loss pinned to the ps) and a sync check that only compares global steps.
@@ -91,6 +74,6 @@ def test_graded_tests_catch_wrong_solutions(name):
     bodies, want_failed = MUTANTS[name]
     nb = read(NOTEBOOK_DIR / name)
     for gid, body in bodies.items():
-        replace_solution(nb, gid, body)
-    got = {o.grade_id: o.failed for o in grade_outcomes(execute_until_last_test(nb))}
+        with_solution(nb, gid, body)
+    got = failed_by_test(nb)
     assert got == want_failed, got

@@ -8,7 +8,6 @@ and check that the graded test aimed at that mistake fails.
 from __future__ import annotations
 
 import os
-import re
 
 import ipyparallel as ipp
 import matplotlib
@@ -20,10 +19,9 @@ matplotlib.use("Agg")
 from course_utils import collectives, data, train, viz  # noqa: E402
 from course_utils.grading import (  # noqa: E402
     NOTEBOOK_DIR,
-    execute_until_last_test,
-    grade_outcomes,
-    nbgrader_meta,
+    failed_by_test,
     read,
+    with_solution,
 )
 
 CID = f"pytest-torch-{os.getpid()}"
@@ -291,23 +289,6 @@ def test_engine_check_checkpoint(tcluster, tmp_path):
 
 
 # ---- the notebooks' tests catch real mistakes -----------------------------------------------
-def with_solution(nb, grade_id: str, body: str):
-    """``nb`` with the solution region of cell ``grade_id`` replaced by ``body`` (indented)."""
-    for c in nb.cells:
-        if nbgrader_meta(c).get("grade_id") == grade_id:
-            m = re.search(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION\n?", c.source, re.S)
-            assert m, grade_id
-            ind = m.group(1)
-            new = "\n".join(ind + line if line else line for line in body.strip("\n").splitlines())
-            c.source = c.source[: m.start()] + new + "\n" + c.source[m.end():]
-            return nb
-    raise KeyError(grade_id)
-
-
-def outcomes(nb) -> dict[str, bool]:
-    return {o.grade_id: o.failed for o in grade_outcomes(execute_until_last_test(nb))}
-
-
 MUTANTS = {
     "01-ring-uses-all_reduce": (
         "01_collectives.ipynb", {"ex1-solution": """
@@ -376,5 +357,5 @@ def test_graded_tests_catch_a_wrong_solution(name):
     nb = read(NOTEBOOK_DIR / notebook)
     for gid, body in bodies.items():
         nb = with_solution(nb, gid, body)
-    got = outcomes(nb)
+    got = failed_by_test(nb)
     assert all(got[g] for g in must_fail), f"{name}: expected {must_fail} to fail, got {got}"
