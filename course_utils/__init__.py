@@ -2,9 +2,25 @@
 
 Importing it is cheap: neither torch nor TensorFlow is imported in the notebook kernel; they
 load only on the engines that use them.
+
+The folders follow the architecture::
+
+    cluster/      framework-free: lifecycle, calls on ranks, rank map, profiles, ports, engine side
+    torch_dist/   PyTorch: process group, collectives support, training helpers
+    tf_dist/      TensorFlow: cluster spec, servers on engines, coordinator, v1 graph helpers
+    viz/          figures: pure functions of recorded arrays
+    checks/       engine-side probes that graded tests call
+    instructor/   grading, doctor, benchmarks (behind the ``course`` command)
+    data.py       datasets shared by both tracks; errors.py, settings.py, compat.py, cli.py
+
+Notebooks use the short names re-exported here: ``cu.start()``, ``cu.init_torch()``,
+``from course_utils import collectives, train, viz, data, checks, tf_dist``.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from .compat import install_import_guard
 
@@ -18,6 +34,25 @@ from .torch_dist import init as init_torch  # noqa: E402
 
 __version__ = "0.1.0"
 
+#: Short names for sub-modules, imported on first use (``from course_utils import train``).
+_LAZY = {
+    "collectives": ".torch_dist.collectives",
+    "train": ".torch_dist.train",
+    "viz": ".viz",
+    "checks": ".checks",
+    "data": ".data",
+    "ports": ".cluster.ports",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name], __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'course_utils' has no attribute {name!r}")
+
+
 __all__ = [
     "CourseCluster",
     "CourseError",
@@ -28,4 +63,5 @@ __all__ = [
     "start",
     "stop",
     "tf_dist",
+    *_LAZY,
 ]

@@ -80,7 +80,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .doctor import run_checks
+    from .instructor.doctor import run_checks
 
     results = run_checks(engines=args.engines, timeout=args.timeout, tf=not args.no_tf)
     failed = [c for c in results if not c.ok]
@@ -89,7 +89,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench
+    from .instructor import bench
 
     if args.what == "startup":
         bench.print_json(bench.startup(n=args.engines, repeat=args.repeat))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from course_utils.cli import build_parser, main
-from course_utils.ports import free_port
+from course_utils.cluster.ports import free_port
 
 COURSE = [sys.executable, "-m", "course_utils.cli"]
 pytestmark = pytest.mark.cluster

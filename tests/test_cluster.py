@@ -11,9 +11,9 @@ import ipyparallel as ipp
 import pytest
 
 import course_utils as cu
-from course_utils import cluster as cl
 from course_utils import torch_dist
-from course_utils.engine import getenv
+from course_utils.cluster import lifecycle as cl
+from course_utils.cluster.engine import getenv
 from course_utils.errors import (
     BackendUnavailable,
     ClusterNotRunning,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from course_utils.grading import (
+from course_utils.instructor.grading import (
     execute_until_last_test,
     grade_outcomes,
     graded_test_ids,

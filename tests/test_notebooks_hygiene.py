@@ -7,7 +7,7 @@ import re
 import nbformat
 import pytest
 
-from course_utils.grading import (
+from course_utils.instructor.grading import (
     is_solution_cell,
     is_test_cell,
     nbgrader_meta,

@@ -6,10 +6,11 @@ import socket
 
 import pytest
 
-from course_utils import ports, settings
+from course_utils import settings
+from course_utils.cluster import ports
+from course_utils.cluster.profiles import ClusterProfile, load_profile, profile_from_dict
+from course_utils.cluster.ranks import build_rank_map
 from course_utils.errors import BackendUnavailable, CourseError, ProfileError
-from course_utils.profiles import ClusterProfile, load_profile, profile_from_dict
-from course_utils.ranks import build_rank_map
 from course_utils.torch_dist import choose_backend
 
 
@@ -221,7 +222,7 @@ def test_import_guard_installs_once():
 def test_with_solution_replaces_only_the_region_and_keeps_indent():
     from nbformat.v4 import new_code_cell, new_notebook
 
-    from course_utils.grading import with_solution
+    from course_utils.instructor.grading import with_solution
 
     cell = new_code_cell("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n")
     cell.metadata["nbgrader"] = {"grade_id": "ex", "solution": True}

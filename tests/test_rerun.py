@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from course_utils.grading import NOTEBOOK_DIR, read, run_in_one_kernel, source_notebooks
+from course_utils.instructor.grading import NOTEBOOK_DIR, read, run_in_one_kernel, source_notebooks
 
 PLANS = {
     "00_cluster_tour.ipynb": "BTBT",

@@ -14,8 +14,9 @@ import time
 import pytest
 
 from course_utils import tf_dist
-from course_utils.engine import getenv
-from course_utils.ports import free_port
+from course_utils.cluster.engine import getenv
+from course_utils.cluster.ports import free_port
+from course_utils.errors import CourseError
 
 ROLES_2 = {"ps": [0, 0], "worker": [0, 1]}
 PORTS_2 = {("ps", 0): 2223, ("ps", 1): 2224, ("worker", 0): 2222, ("worker", 1): 2225}
@@ -35,7 +36,7 @@ def test_roles_for_two_engines_keep_rank1_a_pure_worker():
                                  dict(ps_rank=2)])
 def test_roles_reject_impossible_requests(bad):
     kw = {"world_size": 2, **bad}
-    with pytest.raises((ValueError, tf_dist.CourseError)):
+    with pytest.raises((ValueError, CourseError)):
         tf_dist.plan_roles(**kw)
 
 
@@ -81,7 +82,7 @@ def test_servers_start_answer_and_rerun_reuses_them(cluster):
     tfc = tf_dist.start_servers(cluster, num_ps=2, num_workers=2)
     assert tfc.roles == ROLES_2
     assert tf_dist.wait_ready(tfc, timeout=5) < 5
-    hosted = cluster.run(tf_dist._engine_hosted)
+    hosted = cluster.run(tf_dist.servers._engine_hosted)
     assert hosted == [["ps:0", "ps:1", "worker:0"], ["worker:1"]]
     env = [json.loads(e) for e in cluster.run(getenv, "TF_CONFIG")]
     assert [e["task"] for e in env] == [{"type": "worker", "index": 0},
@@ -90,7 +91,7 @@ def test_servers_start_answer_and_rerun_reuses_them(cluster):
     again = tf_dist.start_servers(cluster, num_ps=1)  # another layout: fresh engines and ports
     assert again is not tfc and again.roles == {"ps": [0], "worker": [0, 1]}
     assert set(again.cluster["ps"]).isdisjoint(tfc.cluster["ps"] + tfc.cluster["worker"])
-    assert cluster.run(tf_dist._engine_hosted) == [["ps:0", "worker:0"], ["worker:1"]]
+    assert cluster.run(tf_dist.servers._engine_hosted) == [["ps:0", "worker:0"], ["worker:1"]]
 
 
 @pytest.mark.cluster
@@ -113,7 +114,7 @@ def test_teardown_replaces_engines_that_hosted_servers(cluster):
     old = set(cluster.ranks.engine_ids)
     assert tf_dist.teardown(cluster) is True
     assert set(cluster.ranks.engine_ids).isdisjoint(old)
-    assert cluster.run(tf_dist._engine_hosted) == [[], []]
+    assert cluster.run(tf_dist.servers._engine_hosted) == [[], []]
     assert tf_dist.active() is None
     assert tf_dist.teardown(cluster) is False  # nothing hosted: no restart
 
@@ -122,7 +123,7 @@ def test_teardown_replaces_engines_that_hosted_servers(cluster):
 IN_PROCESS = textwrap.dedent("""
     import os, sys
     from course_utils import tf_dist
-    from course_utils.ports import free_ports
+    from course_utils.cluster.ports import free_ports
     tf = tf_dist.quiet_tensorflow()
     mode = sys.argv[1]
     p = free_ports(4)

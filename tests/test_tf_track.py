@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from course_utils.grading import (
+from course_utils.instructor.grading import (
     NOTEBOOK_DIR,
     failed_by_test,
     read,

@@ -16,8 +16,8 @@ import pytest
 
 matplotlib.use("Agg")
 
-from course_utils import collectives, data, train, viz  # noqa: E402
-from course_utils.grading import (  # noqa: E402
+from course_utils import checks, collectives, data, train, viz  # noqa: E402
+from course_utils.instructor.grading import (  # noqa: E402
     NOTEBOOK_DIR,
     failed_by_test,
     read,
@@ -148,7 +148,7 @@ def test_viz_figures_are_pure_functions_of_arrays():
 # ---- real engines ---------------------------------------------------------------------------
 RING_OK = """
 import torch, torch.distributed as dist
-from course_utils.collectives import chunk_bounds
+from course_utils.torch_dist.collectives import chunk_bounds
 
 def ring_ok(t):
     p, r = dist.get_world_size(), dist.get_rank()
@@ -218,18 +218,18 @@ def tcluster():
 def test_check_all_reduce_accepts_a_ring_and_catches_a_cheat(tcluster):
     tcluster.view.execute(RING_OK, block=True)
     for n in (1, 7, 1001):
-        res = tcluster.run(collectives.engine_check_all_reduce, "ring_ok", n, 0, timeout=60)
+        res = tcluster.run(checks.engine_check_all_reduce, "ring_ok", n, 0, timeout=60)
         assert all(x["max_abs_diff"] <= x["tol"] for x in res), res
         assert sum(x["bytes_sent"] for x in res) == collectives.ring_bytes(n, 2, 4)["total"]
-    ok = tcluster.run(collectives.engine_check_point_to_point_only, "ring_ok", 1001, timeout=60)
+    ok = tcluster.run(checks.engine_check_point_to_point_only, "ring_ok", 1001, timeout=60)
     assert all(x["max_abs_diff"] <= x["tol"] for x in ok)
     with pytest.raises(Exception, match="isend/irecv only"):
-        tcluster.run(collectives.engine_check_point_to_point_only, "ring_cheat", 1001, timeout=60)
+        tcluster.run(checks.engine_check_point_to_point_only, "ring_cheat", 1001, timeout=60)
     rec = tcluster.run(collectives.engine_record_ring, "ring_ok", 5, timeout=60)
     assert rec[0]["before"] == [0, 1, 2, 3, 4] and rec[1]["after"] == [100, 102, 104, 106, 108]
     assert rec[0]["messages"] == [(1, [0.0, 1.0, 2.0]), (1, [106.0, 108.0])]  # partial, then done
     # The guard is lifted afterwards: the real all_reduce works again.
-    assert tcluster.run(collectives.engine_check_all_reduce, "ring_cheat", 5, timeout=60)[0][
+    assert tcluster.run(checks.engine_check_all_reduce, "ring_cheat", 5, timeout=60)[0][
         "max_abs_diff"] == 0.0
 
 
@@ -277,14 +277,14 @@ def test_engine_check_checkpoint(tcluster, tmp_path):
     tcluster.view.execute(CKPT_FUNCS, block=True)
     path = str(tmp_path / "ck.pt")
     args = ("ck_model", "ck_opt", 3)
-    good = tcluster.run(train.engine_check_checkpoint, "save_good", path, *args, timeout=60)
+    good = tcluster.run(checks.engine_check_checkpoint, "save_good", path, *args, timeout=60)
     assert good[0]["calls"] == [path + ".tmp"] and good[1]["calls"] == []
     assert all(x["exists_on_return"] for x in good) and good[0]["epoch"] == 3
     assert not good[0]["module_prefixed"] and good[0]["n_model_keys"] == 6
     assert not any(x["leftovers"] for x in good)
-    nob = tcluster.run(train.engine_check_checkpoint, "save_no_barrier", path, *args, timeout=60)
+    nob = tcluster.run(checks.engine_check_checkpoint, "save_no_barrier", path, *args, timeout=60)
     assert not nob[1]["exists_on_return"]  # rank 1 returned while rank 0 was still writing
-    every = tcluster.run(train.engine_check_checkpoint, "save_everyone", path, *args, timeout=60)
+    every = tcluster.run(checks.engine_check_checkpoint, "save_everyone", path, *args, timeout=60)
     assert every[1]["calls"] and every[0]["module_prefixed"]
 
 

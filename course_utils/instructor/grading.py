@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def source_notebooks() -> list[Path]:

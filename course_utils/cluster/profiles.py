@@ -24,7 +24,7 @@ from typing import Any
 
 import tomllib
 
-from .errors import ProfileError
+from ..errors import ProfileError
 
 LAUNCHERS = ("local", "ssh", "slurm")
 
@@ -112,7 +112,7 @@ class ClusterProfile:
 
 
 def _profiles_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "profiles"
+    return Path(__file__).resolve().parents[2] / "profiles"
 
 
 def load_profile(spec: str | os.PathLike[str] | ClusterProfile | None = None) -> ClusterProfile:

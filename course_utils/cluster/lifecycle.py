@@ -24,14 +24,15 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from . import engine, settings
-from .errors import (
+from .. import settings
+from ..errors import (
     ClusterNotRunning,
     ClusterTimeout,
     EngineError,
     EnginesDidNotStart,
     WorldSizeMismatch,
 )
+from . import engine
 from .profiles import ClusterProfile, load_profile
 from .ranks import RankMap, build_rank_map
 

@@ -1,11 +1,4 @@
-"""Figures for the PyTorch track: pure functions of recorded arrays; none talks to a cluster.
-
-Record on the engines, ``cluster.pull`` the arrays, then plot here (so figures are testable
-without engines and can be replayed in slides). Each function returns a matplotlib ``Figure``.
-Introduced in ``01_collectives`` (``per_rank_tensors``, ``bandwidth_bars``),
-``02_data_parallel_from_scratch`` (``replica_divergence``) and ``03_pytorch_ddp``
-(``per_rank_curves``).
-"""
+"""Figures of collectives (unit 1): per-rank tensors, bandwidth bars, the recorded ring."""
 
 from __future__ import annotations
 
@@ -14,11 +7,7 @@ from typing import Any
 
 import numpy as np
 
-
-def _plt() -> Any:
-    import matplotlib.pyplot as plt  # the notebook's (or MPLBACKEND's) backend is kept
-
-    return plt
+from .style import _plt
 
 
 def per_rank_tensors(before: Sequence[Any], after: Sequence[Any], title: str) -> Any:
@@ -58,42 +47,6 @@ def per_rank_tensors(before: Sequence[Any], after: Sequence[Any], title: str) ->
             if r == 0:
                 ax.set_ylabel(label)
     fig.suptitle(title)
-    fig.tight_layout()
-    return fig
-
-
-def replica_divergence(curves: Mapping[str, Sequence[float]],
-                       title: str = "parameter distance between replicas") -> Any:
-    """Lines of the largest ||w_rank - w_rank0|| after each step, one line per variant."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    for name, ys in curves.items():
-        ax.plot(np.arange(1, len(ys) + 1), ys, marker="o", markersize=3, label=name)
-    ax.set_xlabel("step")
-    ax.set_ylabel("max_r ||w_r - w_0||")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def per_rank_curves(values_by_rank: Sequence[Sequence[float]], ylabel: str,
-                    title: str, global_values: Sequence[float] | None = None,
-                    xlabel: str = "step") -> Any:
-    """One line per rank (its local metric), plus the reduced global metric if given."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    for r, ys in enumerate(values_by_rank):
-        ax.plot(np.arange(1, len(ys) + 1), ys, alpha=0.8, label=f"rank {r}")
-    if global_values is not None:
-        ax.plot(np.arange(1, len(global_values) + 1), global_values, color="black",
-                linewidth=2, label="all ranks (reduced)")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
     fig.tight_layout()
     return fig
 

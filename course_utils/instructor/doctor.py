@@ -68,7 +68,7 @@ def check_tensorflow(timeout: float = 180) -> Check:
 
 
 def check_hardware() -> Check:
-    from .engine import _gpu_count
+    from ..cluster.engine import _gpu_count
 
     gpus = _gpu_count()
     detail = f"{os.cpu_count()} CPU cores, {gpus} GPU(s) visible"
@@ -77,7 +77,7 @@ def check_hardware() -> Check:
 
 
 def check_cluster(engines: int, timeout: float, tf: bool = False) -> list[Check]:
-    from . import cluster, torch_dist
+    from .. import cluster, torch_dist
 
     checks = []
     cid = f"doctor-{os.getpid()}"
@@ -114,7 +114,7 @@ def check_cluster(engines: int, timeout: float, tf: bool = False) -> list[Check]
 def check_tf_cluster(cc, timeout: float) -> Check:
     """1 ps + 1 worker on the engines (on different ranks when there are two): both answer,
     and one training step on the worker moves the variable that lives on the ps."""
-    from . import tf_dist
+    from .. import tf_dist
 
     name = "tf parameter server"
     t0 = time.perf_counter()
@@ -122,7 +122,7 @@ def check_tf_cluster(cc, timeout: float) -> Check:
         tfc = tf_dist.start_servers(cc, num_ps=1, num_workers=1, ps_rank=cc.world_size - 1,
                                     timeout=min(timeout, 20))
         ready = time.perf_counter() - t0
-        w = cc.run_on(tfc.rank_of("worker", 0), tf_dist._engine_one_step, timeout=60)
+        w = cc.run_on(tfc.rank_of("worker", 0), tf_dist.graph_v1._engine_one_step, timeout=60)
         ok = abs(w - 0.6) < 1e-5
         detail = (f"ps:0 on rank {tfc.rank_of('ps', 0)}, worker:0 on rank "
                   f"{tfc.rank_of('worker', 0)} answered in {ready:.1f} s; one step moved w "

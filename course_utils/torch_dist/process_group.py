@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import ports, settings
-from .cluster import CourseCluster, current
-from .errors import BackendUnavailable, ClusterTimeout, PortInUse, WorldSizeMismatch
+from .. import settings
+from ..cluster import CourseCluster, current, ports
+from ..errors import BackendUnavailable, ClusterTimeout, PortInUse, WorldSizeMismatch
 
 BACKENDS = ("auto", "gloo", "nccl")
 

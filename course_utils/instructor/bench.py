@@ -41,7 +41,7 @@ def raw_cold_ready(n: int) -> float:
     """What a learner writes without our helpers: plain ipyparallel + torch, cold."""
     import ipyparallel as ipp
 
-    from .ports import free_port
+    from ..cluster.ports import free_port
 
     t0 = time.perf_counter()
     cl = ipp.Cluster(n=n, cluster_id=f"bench-raw-{os.getpid()}", log_level=logging.WARNING)
@@ -59,7 +59,8 @@ def raw_cold_ready(n: int) -> float:
 
 
 def startup(n: int = 2, repeat: int = 200) -> dict[str, Any]:
-    from . import cluster, torch_dist
+    from .. import torch_dist
+    from ..cluster import lifecycle as cluster
 
     # Warm the page cache for torch so neither contender pays the first disk read.
     subprocess.run([sys.executable, "-c", "import torch.distributed"], check=True)

@@ -1,0 +1,13 @@
+"""Engine-side probes that graded tests call, kept apart from what learners are taught with.
+
+Each ``engine_check_*`` runs on every rank (``cluster.run``), calls the learner's ``%%px``
+function under observation and returns plain data for the test cell's asserts.
+"""
+
+from __future__ import annotations
+
+from .collectives import engine_check_all_reduce, engine_check_point_to_point_only
+from .training import engine_check_checkpoint
+
+__all__ = ["engine_check_all_reduce", "engine_check_checkpoint",
+           "engine_check_point_to_point_only"]

@@ -1,0 +1,62 @@
+"""TensorFlow parameter-server clusters on the course's engines (units 4 and 5).
+
+What this sub-package decides, in one place:
+
+* **Roles from the rank map** (:func:`plan_roles`): every ps task on rank 0 by default, worker
+  ``i`` on rank ``i % world_size``. With the default 2 engines: rank 0 hosts ``ps:0`` (and
+  ``ps:1`` when two are asked for) *and* ``worker:0``; rank 1 hosts ``worker:1``.
+* **Thread pools** (:func:`inter_op_threads`): several TF servers sharing 2 cores hang forever with
+  the default inter-op pool; every server gets ``tasks + 1`` threads.
+* **Servers** (:mod:`.servers`): started on the engines with fresh ports, checked with a bounded
+  wait, torn down by replacing the engines that hosted them.
+
+Modules: :mod:`.spec` (pure: roles, ClusterSpec, TF_CONFIG), :mod:`.servers` (tasks on the
+engines), :mod:`.coordinator` (unit 5's kernel-side strategy), :mod:`.graph_v1` (unit 4's
+``tf.compat.v1`` sessions and traffic), :mod:`.quiet` (TensorFlow without start-up noise).
+Importing this package does not import TensorFlow.
+"""
+
+from __future__ import annotations
+
+from .coordinator import connect_coordinator, join_within, watch_coordinator
+from .graph_v1 import (
+    cross_task_traffic,
+    session_config,
+    step_timeout_ms,
+    task_of,
+    wait_for_chief,
+)
+from .quiet import quiet_tensorflow, short_error
+from .servers import (
+    TFCluster,
+    active,
+    kill_rank,
+    reset_ps,
+    start_servers,
+    teardown,
+    wait_ready,
+)
+from .spec import (
+    JOBS,
+    READY_TIMEOUT,
+    TFServerNotAnswering,
+    TFTimeout,
+    cluster_dict,
+    inter_op_threads,
+    intra_op_threads,
+    make_tf_config,
+    plan_roles,
+    server_config,
+    split_address,
+    tasks_on_rank,
+    unanswered,
+)
+
+__all__ = [
+    "JOBS", "READY_TIMEOUT", "TFCluster", "TFServerNotAnswering", "TFTimeout", "active",
+    "cluster_dict", "connect_coordinator", "cross_task_traffic", "inter_op_threads",
+    "intra_op_threads", "join_within", "kill_rank", "make_tf_config", "plan_roles",
+    "quiet_tensorflow", "reset_ps", "server_config", "session_config", "short_error",
+    "split_address", "start_servers", "step_timeout_ms", "task_of", "tasks_on_rank",
+    "teardown", "unanswered", "wait_for_chief", "wait_ready", "watch_coordinator",
+]

@@ -1,0 +1,123 @@
+"""Unit 4's classic (``tf.compat.v1``) graph side: session configs, waiting for the chief, and
+which tensors one step moves between tasks.
+
+These run on the engines (inside ``%%px`` cells), where TensorFlow is imported.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .. import settings
+from .quiet import quiet_tensorflow
+from .spec import TFTimeout, server_config
+
+
+def step_timeout_ms() -> int:
+    """Milliseconds one session step may wait (on a ps, on other workers) before it raises
+    DeadlineExceeded instead of hanging."""
+    return int(min(settings.call_timeout(), 60) * 1000)
+
+
+
+def session_config(worker_index: int, cluster: Mapping[str, Sequence[str]] | None = None) -> Any:
+    """ConfigProto for worker ``worker_index``'s session: sized pools, a step timeout, and
+    device filters so it talks to the ps tasks and itself only (never to the other workers)."""
+    import __main__
+
+    spec = cluster or vars(__main__)["tf_cluster"]
+    cfg = server_config(spec, device_filters=["/job:ps", f"/job:worker/task:{worker_index}"])
+    cfg.operation_timeout_in_ms = step_timeout_ms()
+    return cfg
+
+
+
+def wait_for_chief(target: str, timeout: float = 60.0, poll: float = 0.1) -> float:
+    """On a non-chief worker: wait until the chief has initialized the variables of the current
+    default graph on the ps, then return the seconds waited.
+
+    Without it, ``MonitoredTrainingSession`` on a non-chief checks once and then sleeps a fixed
+    30 s before looking again. Raises :class:`TFTimeout` if the chief never initializes them.
+    """
+    import tensorflow as tf
+
+    graph = tf.compat.v1.get_default_graph()
+    with graph.as_default():
+        probe = tf.compat.v1.report_uninitialized_variables(tf.compat.v1.global_variables())
+    t0 = time.monotonic()
+    cfg = tf.compat.v1.ConfigProto(operation_timeout_in_ms=int(timeout * 1000))
+    with tf.compat.v1.Session(target, graph=graph, config=cfg) as sess:
+        while True:
+            left = sess.run(probe)
+            if len(left) == 0:
+                return time.monotonic() - t0
+            if time.monotonic() - t0 > timeout:
+                names = ", ".join(n.decode() for n in left[:5])
+                raise TFTimeout(
+                    f"the chief (worker 0) did not initialize {names} within {timeout:g} s",
+                    "worker 0 must run the same graph with is_chief=True at the same time",
+                )
+            time.sleep(poll)
+
+
+
+def task_of(device: str) -> str:
+    """``"/job:ps/task:0/device:CPU:0"`` -> ``"/job:ps/task:0"`` (``""`` when unplaced)."""
+    return device.split("/device")[0] if device else ""
+
+
+
+def cross_task_traffic(graph: Any, batch: int) -> list[dict[str, Any]]:
+    """Every tensor one training step sends from one task to another in ``graph``.
+
+    Each entry: tensor name, source and destination task, and its size in bytes for a batch of
+    ``batch`` (unknown dimensions are the batch). Ops without a device are skipped.
+    """
+    seen = set()
+    out = []
+    for op in graph.get_operations():
+        dst = task_of(op.device)
+        for tensor in op.inputs:
+            src = task_of(tensor.op.device)
+            if not src or not dst or src == dst or (tensor.name, dst) in seen:
+                continue
+            seen.add((tensor.name, dst))
+            if tensor.op.type == "VarHandleOp":  # a remote read moves the variable's value
+                shape = [d.size for d in tensor.op.get_attr("shape").dim]
+                itemsize = tensor.op.get_attr("dtype").size
+            else:
+                shape = tensor.shape.as_list() if tensor.shape.rank is not None else [None]
+                itemsize = tensor.dtype.size or 8
+            size = itemsize
+            for d in shape:
+                size *= batch if d is None else d
+            out.append({"tensor": tensor.name, "from": src, "to": dst, "bytes": size,
+                        "per_example": None in shape})
+    return out
+
+
+
+def _engine_one_step() -> float:
+    """``course doctor``: one SGD step (lr 0.1) on (w - 3)^2 with w on the ps; returns w (0.6)."""
+    import __main__
+
+    tf = quiet_tensorflow()
+    ns = vars(__main__)
+    spec = ns["tf_cluster"]
+    wi = ns["worker_index"]
+    graph = tf.Graph()
+    with graph.as_default():
+        setter = tf.compat.v1.train.replica_device_setter(
+            worker_device=f"/job:worker/task:{wi}", cluster=tf.train.ClusterSpec(spec))
+        with tf.compat.v1.device(setter):
+            w = tf.compat.v1.get_variable("doctor_w", [],
+                                          initializer=tf.compat.v1.zeros_initializer())
+            loss = tf.square(w - 3.0)
+            step = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        with tf.compat.v1.Session(ns["tf_servers"][f"worker:{wi}"].target,
+                                  config=session_config(wi, spec)) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(step)
+            return float(sess.run(w))
