@@ -1,0 +1,625 @@
+"""A real one-node SLURM cluster for tests: private ``munged``, ``slurmctld`` and ``slurmd``.
+
+Everything lives in one throwaway directory under ``/tmp/course-slurm-rig/``: munge key, socket,
+seed and log, ``slurm.conf``, state save location, spool, pid and log files. Both daemons listen
+on free ports of 127.0.0.1 only, and the node is this machine's short hostname with
+``NodeAddr=127.0.0.1``. The system munge and slurm (if any) are never touched: slurm reaches our
+``munged`` through ``AuthInfo=socket=...`` and clients find the cluster through ``SLURM_CONF``.
+
+Accounting is not configured (``AccountingStorageType=accounting_storage/none``): ``sacct``
+answers "Slurm accounting storage is disabled". Finished jobs stay visible to ``scontrol`` and
+``squeue`` for ``MinJobAge`` seconds, which is what :meth:`SlurmRig.job_state` reads.
+
+Use it through the session fixture :func:`slurm_rig` (import it into a test module), or by hand::
+
+    rig = SlurmRig.start()
+    try:
+        print(rig.run("sinfo").stdout)
+    finally:
+        rig.teardown()
+
+``python tests/rigs/slurm.py`` brings a cluster up, prints its environment and waits for Enter.
+Needs root and the Debian packages in :data:`PACKAGES`; they are installed only when ``CI=true``
+or ``COURSE_TEST_INSTALL=1``, otherwise the fixture skips and prints the command to run.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
+"""Debian packages the rig needs."""
+
+BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sinfo", "srun", "sbatch", "squeue",
+            "scancel", "scontrol")
+"""Programs the rig runs; one missing means the packages are missing."""
+
+INSTALL_COMMAND = ("apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+                   "--no-install-recommends " + " ".join(PACKAGES))
+"""What to run (as root) to get the packages."""
+
+BASE = Path(tempfile.gettempdir()) / "course-slurm-rig"
+"""Parent of every run directory; leftovers of crashed runs are cleaned from here."""
+
+MARKER = "COURSE_SLURM_RIG"
+"""Environment variable set to the run directory in each daemon (inherited by ``slurmstepd``)."""
+
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE",
+})
+"""Job states after which a job never runs again."""
+
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+T = TypeVar("T")
+
+
+class RigError(RuntimeError):
+    """The rig failed: ``cause``, a ``Fix:`` line and, when known, the daemons' log tails."""
+
+    def __init__(self, cause: str, fix: str, logs: str = "") -> None:
+        self.cause, self.fix, self.logs = cause, fix, logs
+        text = f"{cause}\nFix: {fix}"
+        super().__init__(f"{text}\n{logs}" if logs else text)
+
+
+class RigUnavailable(Exception):
+    """The rig cannot be built on this machine (not root, packages missing); the reason says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers (shareable with the two-host rig)
+# ---------------------------------------------------------------------------------------------
+
+def which(name: str) -> str | None:
+    """Path of program ``name``, looking in the sbin directories too (daemons live there)."""
+    path = os.environ.get("PATH", "") + os.pathsep + _SYSTEM_PATH
+    return shutil.which(name, path=path)
+
+
+def missing_programs(names: Sequence[str] = BINARIES) -> list[str]:
+    """The programs of ``names`` that are not installed."""
+    return [name for name in names if which(name) is None]
+
+
+def install_allowed(environ: Mapping[str, str] | None = None) -> bool:
+    """True when tests may install system packages: ``CI=true`` or ``COURSE_TEST_INSTALL=1``."""
+    env = os.environ if environ is None else environ
+    return env.get("CI", "").lower() == "true" or env.get("COURSE_TEST_INSTALL") == "1"
+
+
+def ensure_packages(timeout: float = 900.0) -> None:
+    """Make sure the slurm and munge programs exist, installing :data:`PACKAGES` if allowed.
+
+    Raises :class:`RigUnavailable` (not root, or installing not allowed) with the command to run,
+    and :class:`RigError` when ``apt-get`` itself fails.
+    """
+    if os.geteuid() != 0:
+        raise RigUnavailable("the SLURM rig needs root (slurmd starts jobs as their user); "
+                             f"run the tests as root, e.g. in CI: {INSTALL_COMMAND}")
+    missing = missing_programs()
+    if not missing:
+        return
+    if not install_allowed():
+        raise RigUnavailable(f"SLURM rig: {', '.join(missing)} not installed. Install with: "
+                             f"{INSTALL_COMMAND}  (or rerun with COURSE_TEST_INSTALL=1)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (["apt-get", "update", "-q"],
+                ["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                 "-o", "DPkg::Lock::Timeout=300", *PACKAGES]):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                              check=False)
+        if done.returncode != 0:
+            raise RigError(f"`{' '.join(cmd)}` failed ({done.returncode}):\n"
+                           f"{done.stdout[-2000:]}{done.stderr[-2000:]}",
+                           f"run by hand as root: {INSTALL_COMMAND}")
+    still = missing_programs()
+    if still:
+        raise RigError(f"after installing {' '.join(PACKAGES)}, still missing: {still}",
+                       "check that the packages provide these programs on this distribution")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(check: Callable[[], T | None], timeout: float, what: str,
+               on_timeout: Callable[[], str] = lambda: "", interval: float = 0.2) -> T:
+    """Call ``check`` until it returns something truthy (returned); RigError after ``timeout`` s.
+
+    ``on_timeout`` supplies the diagnostics (e.g. daemons' logs) put into the error.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise RigError(f"timed out after {timeout:.0f} s waiting for {what}",
+                           "read the log tails below; the rig directory is removed at teardown",
+                           on_timeout())
+        time.sleep(interval)
+
+
+def process_start_time(pid: int) -> str | None:
+    """The kernel's start time of process ``pid`` (field 22 of /proc/PID/stat), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _proc_pids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _environ_has(pid: int, entry: bytes) -> bool:
+    try:
+        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+
+
+def marked_processes(root: Path) -> list[int]:
+    """Pids of the processes of the run in ``root``: marked daemons and ``slurmstepd``s, and
+    all their descendants (job tasks)."""
+    entry = f"{MARKER}={root}".encode()
+    pids = _proc_pids()
+    found = {pid for pid in pids if pid != os.getpid() and _environ_has(pid, entry)}
+    parents = {pid: _parent_pid(pid) for pid in pids}
+    grew = True
+    while grew:
+        new = {pid for pid, ppid in parents.items() if ppid in found and pid not in found}
+        found |= new
+        grew = bool(new)
+    return sorted(found)
+
+
+def kill_processes(pids: Sequence[int], grace: float = 3.0) -> None:
+    """SIGTERM ``pids``, then SIGKILL those still alive after ``grace`` seconds."""
+    alive = list(pids)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + grace
+        while alive and time.monotonic() < deadline:
+            for pid in alive:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)  # reap our own children
+            alive = [pid for pid in alive if is_running(pid)]
+            if alive:
+                time.sleep(0.05)
+        if not alive:
+            return
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def owner_alive(owner_file: Path) -> bool:
+    """Whether the process recorded in ``owner_file`` (``"pid starttime"``) still runs."""
+    try:
+        pid_text, start = owner_file.read_text().split()
+    except (OSError, ValueError):
+        return False
+    return process_start_time(int(pid_text)) == start
+
+
+def clean_stale(base: Path = BASE) -> list[Path]:
+    """Kill the processes of, and remove, run directories whose owner process died.
+
+    Returns the directories removed. Runs of live processes (another test session) are kept.
+    """
+    removed = []
+    if not base.is_dir():
+        return removed
+    for root in sorted(base.iterdir()):
+        if not root.is_dir() or owner_alive(root / "owner"):
+            continue
+        kill_processes(marked_processes(root))
+        shutil.rmtree(root, ignore_errors=True)
+        removed.append(root)
+    return removed
+
+
+def parse_job_record(line: str) -> tuple[str, str]:
+    """``(state, reason)`` from a one-line ``scontrol -o show job`` record."""
+    state = re.search(r"\bJobState=(\S+)", line)
+    reason = re.search(r"\bReason=(\S+)", line)
+    return (state.group(1) if state else "UNKNOWN", reason.group(1) if reason else "None")
+
+
+def listening_addresses(port: int) -> list[str]:
+    """IPv4/IPv6 addresses (hex as in /proc/net/tcp*) with a socket listening on ``port``."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                cols = row.split()
+                address, hex_port = cols[1].rsplit(":", 1)
+                if cols[3] == "0A" and int(hex_port, 16) == port:
+                    found.append(address)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# The rig
+# ---------------------------------------------------------------------------------------------
+
+_SLURM_CONF = """\
+# Throwaway one-node cluster of the course's test rig ({root}).
+ClusterName=courserig
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge/munge.socket
+CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+PlugStackConfig={root}/plugstack.conf
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+SlurmctldTimeout=10
+SlurmdTimeout=10
+MessageTimeout=5
+InactiveLimit=0
+KillWait=2
+MinJobAge=600
+NodeName={node} NodeAddr=127.0.0.1 NodeHostname={node} CPUs={cpus} State=UNKNOWN
+PartitionName={partition} Nodes={node} Default=YES MaxTime=30 State=UP
+"""
+
+
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+@dataclass
+class SlurmRig:
+    """A running one-node cluster. Build with :meth:`start`; always end with :meth:`teardown`."""
+
+    root: Path
+    conf: Path
+    partition: str
+    node: str
+    cpus: int
+    ctld_port: int
+    slurmd_port: int
+    env: dict[str, str]
+    """Variables clients need (``SLURM_CONF``); :meth:`client_env` is a whole environment."""
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    accounting: bool = False
+    """No accounting storage: ``sacct`` says "Slurm accounting storage is disabled"."""
+    _down: bool = False
+
+    # -- building -----------------------------------------------------------------------------
+
+    @classmethod
+    def start(cls, cpus: int = 2, partition: str = "debug", timeout: float = 30.0) -> SlurmRig:
+        """Start munged, slurmctld and slurmd in a fresh directory; wait until the node is idle.
+
+        Cleans leftovers of crashed runs first. On any failure everything made is removed and a
+        :class:`RigError` with the daemons' log tails is raised.
+        """
+        missing = missing_programs()
+        if missing:
+            raise RigError(f"SLURM rig: {', '.join(missing)} not installed",
+                           f"as root: {INSTALL_COMMAND}")
+        clean_stale()
+        BASE.mkdir(mode=0o755, exist_ok=True)
+        os.chmod(BASE, 0o755)  # munged wants every directory up to its socket searchable
+        root = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=BASE))
+        os.chmod(root, 0o755)
+        (root / "owner").write_text(f"{os.getpid()} {process_start_time(os.getpid())}\n")
+        node = _short_hostname()
+        ctld_port = free_port()
+        slurmd_port = free_port()
+        while slurmd_port == ctld_port:
+            slurmd_port = free_port()
+        conf = root / "slurm.conf"
+        rig = cls(root=root, conf=conf, partition=partition, node=node, cpus=cpus,
+                  ctld_port=ctld_port, slurmd_port=slurmd_port, env={"SLURM_CONF": str(conf)})
+        atexit.register(rig.teardown)
+        try:
+            rig._write_files()
+            rig._start_daemons(timeout)
+        except BaseException:
+            rig.teardown()  # RigErrors already carry the log tails
+            raise
+        return rig
+
+    def _write_files(self) -> None:
+        for sub in ("munge", "state", "spool", "log", "jobs"):
+            (self.root / sub).mkdir(mode=0o755)
+        key = self.root / "munge" / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o400)
+        (self.root / "plugstack.conf").write_text("")
+        self.conf.write_text(_SLURM_CONF.format(
+            root=self.root, node=self.node, ctld_port=self.ctld_port,
+            slurmd_port=self.slurmd_port, cpus=self.cpus, partition=self.partition))
+
+    def _spawn(self, name: str, cmd: list[str]) -> None:
+        env = dict(self.client_env(), **{MARKER: str(self.root)})
+        env["PATH"] = env.get("PATH", "") + os.pathsep + _SYSTEM_PATH
+        with open(self.root / "log" / f"{name}.console", "wb") as console:
+            self.procs[name] = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
+                env=env, cwd=self.root, start_new_session=True)
+
+    def _check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RigError(f"{name} exited with status {proc.returncode} while starting",
+                               f"read {name}'s log below", self.logs())
+
+    def _start_daemons(self, timeout: float) -> None:
+        munge = self.root / "munge"
+        self._spawn("munged", [
+            which("munged") or "munged", "--foreground", "--num-threads=4",
+            f"--key-file={munge / 'munge.key'}", f"--socket={munge / 'munge.socket'}",
+            f"--pid-file={munge / 'munged.pid'}", f"--seed-file={munge / 'munged.seed'}",
+            f"--log-file={self.root / 'log' / 'munged.log'}"])
+
+        def munge_ready() -> bool:
+            self._check_alive()
+            done = subprocess.run([which("munge") or "munge", "-n", "-S",
+                                   str(munge / "munge.socket")],
+                                  capture_output=True, timeout=10, check=False)
+            return done.returncode == 0
+
+        wait_until(munge_ready, min(timeout, 10.0), "munged to answer on its socket", self.logs)
+        self._spawn("slurmctld", [which("slurmctld") or "slurmctld", "-D", "-f", str(self.conf)])
+        self._spawn("slurmd", [which("slurmd") or "slurmd", "-D", "-f", str(self.conf),
+                               "-N", self.node])
+
+        def node_idle() -> bool:
+            self._check_alive()
+            done = self.run(["sinfo", "-h", "-N", "-n", self.node, "-o", "%t"], check=False,
+                            timeout=10)
+            return done.returncode == 0 and done.stdout.strip() == "idle"
+
+        wait_until(node_idle, timeout, f"node {self.node} to be idle in `sinfo`", self.logs)
+
+    # -- using --------------------------------------------------------------------------------
+
+    def client_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A whole environment for slurm clients: ``base`` (default os.environ) without inherited
+        ``SLURM_*`` job variables, plus :attr:`env`."""
+        source = os.environ if base is None else base
+        env = {k: v for k, v in source.items() if not k.startswith("SLURM_")}
+        env.update(self.env)
+        return env
+
+    @contextlib.contextmanager
+    def activated(self) -> Iterator[SlurmRig]:
+        """Point this process's ``os.environ`` (and so every subprocess, e.g. ipyparallel's
+        ``sbatch``) at the rig; the previous environment is restored on exit."""
+        saved = dict(os.environ)
+        try:
+            os.environ.clear()
+            os.environ.update(self.client_env(saved))
+            yield self
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+
+    def run(self, cmd: str | Sequence[str], timeout: float = 30.0, check: bool = True,
+            cwd: Path | str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a client command (``"srun -n2 hostname"`` or a list) against the rig.
+
+        With ``check``, a non-zero exit raises :class:`RigError` with its output and log tails.
+        """
+        args = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+        try:
+            done = subprocess.run(args, env=self.client_env(), capture_output=True, text=True,
+                                  timeout=timeout, cwd=cwd or self.root / "jobs", check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise RigError(f"`{shlex.join(args)}` did not finish within {timeout:.0f} s",
+                           "read the daemons' logs below", self.logs()) from exc
+        if check and done.returncode != 0:
+            raise RigError(f"`{shlex.join(args)}` exited {done.returncode}:\n"
+                           f"{done.stdout}{done.stderr}", "read the daemons' logs below",
+                           self.logs())
+        return done
+
+    def sbatch(self, script_text: str, *args: str, timeout: float = 30.0) -> int:
+        """Submit ``script_text`` (``#!/bin/bash`` added if it has no shebang) with extra
+        ``sbatch`` arguments; the job runs in ``<root>/jobs``. Returns the job id."""
+        if not script_text.startswith("#!"):
+            script_text = "#!/bin/bash\n" + script_text
+        jobs = self.root / "jobs"
+        script = jobs / f"script-{secrets.token_hex(4)}.sh"
+        script.write_text(script_text)
+        done = self.run(["sbatch", "--parsable", f"--chdir={jobs}", *args, str(script)],
+                        timeout=timeout)
+        return int(done.stdout.strip().split(";")[0])
+
+    def job_record(self, job_id: int) -> str:
+        """The one-line ``scontrol -o show job`` record ('' once slurm forgot the job)."""
+        done = self.run(["scontrol", "-o", "show", "job", str(job_id)], check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    def job_state(self, job_id: int) -> tuple[str, str]:
+        """``(state, reason)`` of a job, e.g. ``("PENDING", "Resources")``;
+        ``("UNKNOWN", "None")`` when slurm no longer knows it."""
+        return parse_job_record(self.job_record(job_id))
+
+    def wait_job(self, job_id: int, timeout: float = 30.0) -> str:
+        """Wait until the job reaches a final state (:data:`TERMINAL_STATES`) and return it."""
+
+        def final() -> str | None:
+            state, _ = self.job_state(job_id)
+            return state if state in TERMINAL_STATES or state == "UNKNOWN" else None
+
+        return wait_until(final, timeout, f"job {job_id} to finish",
+                          lambda: self.job_record(job_id) + "\n" + self.logs(), interval=0.25)
+
+    def wait_reason(self, job_id: int, timeout: float = 15.0) -> tuple[str, str]:
+        """Wait until the scheduler gave a job a reason (not ``None``); ``(state, reason)``."""
+
+        def reason() -> tuple[str, str] | None:
+            state, why = self.job_state(job_id)
+            return (state, why) if why != "None" or state != "PENDING" else None
+
+        return wait_until(reason, timeout, f"job {job_id} to get a reason",
+                          lambda: self.job_record(job_id))
+
+    def job_output(self, job_id: int) -> Path:
+        """Path of the job's standard output file (from ``scontrol``)."""
+        found = re.search(r"\bStdOut=(\S+)", self.job_record(job_id))
+        if not found:
+            raise RigError(f"slurm does not know job {job_id} any more",
+                           "read the output before MinJobAge (600 s) passes")
+        return Path(found.group(1))
+
+    def cancel(self, job_id: int) -> None:
+        """``scancel`` one job."""
+        self.run(["scancel", str(job_id)])
+
+    def pids(self) -> list[int]:
+        """Processes of this run still alive: daemons, ``slurmstepd``s and job tasks."""
+        return marked_processes(self.root)
+
+    def logs(self, lines: int = 30) -> str:
+        """Tails of the daemons' logs (what a failure shows)."""
+        parts = []
+        log_dir = self.root / "log"
+        for name in ("munged", "slurmctld", "slurmd"):
+            for path in (log_dir / f"{name}.log", log_dir / f"{name}.console"):
+                with contextlib.suppress(OSError):
+                    text = path.read_text(errors="replace").splitlines()[-lines:]
+                    if text:
+                        parts.append(f"--- {path.name} (last {len(text)} lines) ---")
+                        parts.extend(text)
+                        break
+        return "\n".join(parts)
+
+    # -- stopping -----------------------------------------------------------------------------
+
+    def teardown(self) -> None:
+        """Cancel jobs, stop the daemons, kill anything left of the run, remove the directory.
+
+        Safe to call twice and after a failed start.
+        """
+        if self._down:
+            return
+        self._down = True
+        ctld = self.procs.get("slurmctld")
+        if ctld is not None and ctld.poll() is None:
+            with contextlib.suppress(Exception):
+                queued = self.run(["squeue", "-h", "-o", "%A"], check=False, timeout=5)
+                ids = queued.stdout.split()
+                if ids:
+                    self.run(["scancel", *ids], check=False, timeout=5)
+                    with contextlib.suppress(RigError):
+                        wait_until(self._queue_empty, 5.0, "jobs to end")
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self.procs.get(name)
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
+        for _ in range(3):  # a slurmstepd forked while slurmd stopped may show up late
+            left = marked_processes(self.root)
+            if not left:
+                break
+            kill_processes(left)
+            time.sleep(0.1)
+        shutil.rmtree(self.root, ignore_errors=True)
+        atexit.unregister(self.teardown)
+
+    def _queue_empty(self) -> bool:
+        done = self.run(["squeue", "-h", "-o", "%A"], check=False, timeout=5)
+        return done.returncode == 0 and not done.stdout.strip()
+
+
+def require_rig() -> None:
+    """In a test: install the packages if allowed, else skip with the reason (fail in CI)."""
+    try:
+        ensure_packages()
+    except RigUnavailable as exc:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI must run the SLURM rig: {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def slurm_rig() -> Iterator[SlurmRig]:
+    """Session-wide one-node cluster (2 CPUs, partition ``debug``), removed at session end.
+
+    Skips with the reason where the rig cannot be built, except under ``CI=true``, where it fails.
+    """
+    require_rig()
+    rig = SlurmRig.start()
+    try:
+        yield rig
+    finally:
+        rig.teardown()
+
+
+if __name__ == "__main__":
+    manual = SlurmRig.start()
+    try:
+        print(manual.run("sinfo").stdout)
+        print(f"export SLURM_CONF={manual.conf}")
+        input("Cluster up; press Enter to tear it down. ")
+    finally:
+        manual.teardown()
