@@ -51,3 +51,11 @@ class ProfileError(CourseError):
 
 class EngineError(CourseError):
     """Code raised on one or more engines; the message carries each rank's error."""
+
+
+class CollectiveMismatch(CourseError):
+    """Ranks called different collectives, or the same one with different shapes or dtypes."""
+
+
+class ProcessGroupGone(CourseError):
+    """A process group timed out or lost a rank: it cannot be used again."""

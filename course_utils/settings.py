@@ -16,6 +16,10 @@ ENV_IPYTHON_PROFILE = "COURSE_IPYTHON_PROFILE"
 ENV_START_TIMEOUT = "COURSE_START_TIMEOUT"
 ENV_CALL_TIMEOUT = "COURSE_CALL_TIMEOUT"
 ENV_PG_TIMEOUT = "COURSE_PG_TIMEOUT"
+ENV_TORCH_DEBUG = "COURSE_TORCH_DEBUG"
+
+#: Values of ``$COURSE_TORCH_DEBUG`` / ``cu.init_torch(debug=...)``.
+TORCH_DEBUG_LEVELS = ("off", "info", "detail")
 
 
 def _env_int(name: str, default: int) -> int:
@@ -64,6 +68,21 @@ def call_timeout() -> int:
 def pg_timeout() -> int:
     """Seconds torch waits in a collective (and in rendezvous) before raising."""
     return _env_int(ENV_PG_TIMEOUT, 60)
+
+
+def torch_debug() -> str:
+    """torch.distributed's debug level on the engines (``detail`` by default for the lessons).
+
+    ``detail`` sets ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` before the process group is built: every
+    collective is first checked against the other ranks' (op, shapes, dtypes), so a mismatch
+    fails at once with the ranks named instead of hanging until the timeout. It costs one small
+    extra exchange per collective: use ``off`` for performance measurements (unit 7).
+    """
+    raw = os.environ.get(ENV_TORCH_DEBUG, "").strip().lower() or "detail"
+    if raw not in TORCH_DEBUG_LEVELS:
+        levels = ", ".join(TORCH_DEBUG_LEVELS)
+        raise ValueError(f"${ENV_TORCH_DEBUG}={raw!r} is not one of {levels}")
+    return raw
 
 
 def threads_per_engine(engines_on_host: int, cores: int | None = None) -> int:

@@ -77,6 +77,15 @@ def test_doctor_fails_clearly_when_engines_cannot_start():
     assert "engines did not start" in line and "-> fix:" in line
 
 
+KERNEL_RESTARTS = """
+import course_utils as cu
+cc = cu.start()
+assert not cc.owned
+cu.restart()  # what every TF teardown does: new engines, started by this process
+print("restarted engines", [r.pid for r in cc.ranks])
+"""
+
+
 def test_lab_headless_answers_and_leaves_no_engines():
     port = free_port()
     cid = f"pytest-lab-{os.getpid()}"
@@ -100,11 +109,15 @@ def test_lab_headless_answers_and_leaves_no_engines():
         assert status is not None, "JupyterLab never answered /api/status"
         assert "started" in status
         assert len(engine_pids(cid)) >= 3  # controller + 2 engines
+        # A notebook kernel replaces the lab's engines (cu.restart, every TF teardown).
+        kernel = subprocess.run([sys.executable, "-c", KERNEL_RESTARTS], env=env, text=True,
+                                capture_output=True, timeout=120)
+        assert kernel.returncode == 0, kernel.stdout + kernel.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert "2 engines ready" in out
-    deadline = time.time() + 15
+    deadline = time.time() + 5
     while engine_pids(cid) and time.time() < deadline:
         time.sleep(0.2)
     assert engine_pids(cid) == [], "engines left behind after course lab stopped"

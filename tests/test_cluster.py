@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import ipyparallel as ipp
 import pytest
@@ -18,9 +21,11 @@ from course_utils.errors import (
     BackendUnavailable,
     ClusterNotRunning,
     ClusterTimeout,
+    CollectiveMismatch,
     EngineError,
     EnginesDidNotStart,
     PortInUse,
+    ProcessGroupGone,
     WorldSizeMismatch,
 )
 
@@ -72,7 +77,7 @@ def test_push_pull_call_in_rank_order(cluster):
     cluster.push({"x": 5})
     cluster.view.execute("def twice(a): return (rank, a * 2 + x)")
     assert cluster.call("twice", 1) == [(0, 7), (1, 7)]
-    with pytest.raises(EngineError, match=r"\[rank 0\] NameError: 'nope' is not defined"):
+    with pytest.raises(EngineError, match=r"\[ranks 0-1\] NameError: 'nope' is not defined"):
         cluster.call("nope")
 
 
@@ -87,6 +92,29 @@ def test_engine_error_names_each_rank(cluster):
         cluster.run(boom)
     assert "[rank 0] ValueError: bad on 0" in str(err.value)
     assert "[rank 1] ValueError: bad on 1" in str(err.value)
+
+
+LEARNER_CELL = """
+def scale(x):
+    y = x * 2
+    return y / (rank - rank)
+
+def learner_step(x):
+    return scale(x) + 1
+"""
+
+
+def test_engine_error_shows_the_learners_lines(cluster):
+    cluster.view.execute(LEARNER_CELL)  # what a %%px cell does
+    with pytest.raises(EngineError) as err:
+        cluster.call("learner_step", 3)
+    text = str(err.value)
+    print(f"{type(err.value).__name__}: {text}")
+    assert "[ranks 0-1] ZeroDivisionError: division by zero" in text
+    assert "in learner_step: return scale(x) + 1" in text
+    assert "in scale: return y / (rank - rank)" in text
+    assert "ipyparallel" not in text and "course_utils" not in text
+    assert text.count("Fix:") == 1
 
 
 def test_init_torch_is_idempotent_and_all_reduce_sums(cluster):
@@ -105,6 +133,61 @@ def test_reinit_after_destroy_uses_a_fresh_port(cluster):
     assert second["reused"] is False
     assert cluster.run(rank_sum) == [3.0, 3.0]
     assert "master_port" in first
+
+
+@ipp.interactive
+def reduce_rank_sized():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(2 + dist.get_rank())  # the learner's bug: the size depends on the rank
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def test_mismatched_collective_is_reported_at_once(cluster):
+    assert torch_dist.init(cluster)["debug"] == "detail"  # the lessons' default
+    t0 = time.perf_counter()
+    with pytest.raises(CollectiveMismatch) as err:
+        cluster.run(reduce_rank_sized, timeout=20)
+    took = time.perf_counter() - t0
+    print(f"after {took:.2f} s:\n{type(err.value).__name__}: {err.value}")
+    assert took < 10
+    text = str(err.value)
+    assert "rank 0: all_reduce, shape [2], float" in text
+    assert "rank 1: all_reduce, shape [3], float" in text
+    assert "differ in tensor shape" in text and "dist.all_reduce(t)" in text
+    assert cluster.run(rank_sum) == [3.0, 3.0]  # the group is still usable
+
+
+def test_nccl_group_maps_cpu_tensors_to_gloo(cluster):
+    assert torch_dist.pg_backend("nccl") == "cpu:gloo,cuda:nccl"
+    # the mapped form, CPU side only (no GPU here): a real group built from a device map
+    rm = cluster.ranks
+    port = cluster.run_on(0, cu.ports.free_port, rm.master_addr)
+    args = [(r.rank, 2, r.local_rank, rm.master_addr, port, "cpu:gloo", 30.0, "off", True)
+            for r in rm]
+    states = cluster.run_per_rank(torch_dist.process_group._engine_init, args, timeout=60)
+    assert [s["pg_backend"] for s in states] == ["cpu:gloo", "cpu:gloo"]
+    assert cluster.run(rank_sum) == [3.0, 3.0]
+    torch_dist.destroy(cluster)
+
+
+def test_timed_out_group_says_it_is_gone_and_restart_cures(cluster):
+    torch_dist.init(cluster, timeout=2, debug="off")
+    t0 = time.perf_counter()
+    with pytest.raises(ProcessGroupGone) as err:
+        cluster.run(only_rank0_reduces, timeout=30)
+    print(f"after {time.perf_counter() - t0:.2f} s:\n{type(err.value).__name__}: {err.value}")
+    assert "rank 0 waited in a collective for 2 s" in str(err.value)
+    assert "cu.restart()" in err.value.fix
+    t0 = time.perf_counter()
+    with pytest.raises(ProcessGroupGone, match="the process group is gone") as err:
+        cluster.run(rank_sum, timeout=30)  # the NEXT call
+    assert time.perf_counter() - t0 < 5 and "cu.restart()" in err.value.fix
+    print(f"next call:\n{type(err.value).__name__}: {err.value}")
+    assert torch_dist.init(cluster)["reused"] is False  # a broken group is never reused
+    assert cluster.run(rank_sum) == [3.0, 3.0]
 
 
 def test_world_size_mismatch_is_clear(cluster):
@@ -147,24 +230,104 @@ def test_second_kernel_connects_without_owning(cluster):
     assert cluster.ping()
 
 
+SECOND_KERNEL = """
+import os, sys, time
+import course_utils as cu
+t0 = time.perf_counter()
+cc = cu.start(cluster_id=sys.argv[1])
+print(f"second kernel: connected in {time.perf_counter() - t0:.1f} s, owned={cc.owned}, "
+      f"engines {cc.ranks.engine_ids}")
+pids = cc.run(os.getpid, timeout=60)  # queues behind the first kernel's job
+print(f"second kernel: its call ran after {time.perf_counter() - t0:.1f} s on pids {pids}")
+cc.stop()  # a kernel that did not start the cluster only disconnects
+"""
+
+
+@ipp.interactive
+def long_job(seconds: float) -> int:
+    import os
+    import time
+
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_second_kernel_joins_a_busy_cluster_without_stopping_it(cluster):
+    pids = [r.pid for r in cluster.ranks]
+    job = cluster.client[cluster.ranks.engine_ids].apply_async(long_job, 22)
+    time.sleep(2)
+    t0 = time.perf_counter()
+    second = subprocess.Popen([sys.executable, "-c", SECOND_KERNEL, CID], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first_line = second.stdout.readline()  # printed while the first kernel's job runs
+    print(first_line, end="")
+    assert "queue behind it" in first_line and time.perf_counter() - t0 < 15
+    rest, _ = second.communicate(timeout=90)
+    print(rest, end="")
+    assert second.returncode == 0, rest
+    assert "owned=False" in rest and f"on pids {pids}" in rest
+    assert job.get(timeout=60) == pids  # the first kernel's job finished on the same engines
+    assert all(alive(p) for p in pids) and cluster.ping()
+
+
+def readme_listeners() -> dict[str, str]:
+    """The README's "What listens" table: what -> where it listens."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("### What listens", 1)[1].split("\n#", 1)[0]
+    rows = [ln.strip().strip("|").split("|") for ln in section.splitlines()
+            if ln.startswith("|") and "---" not in ln]
+    return {cells[1].strip(): cells[2].strip() for cells in rows[1:]}
+
+
+def test_only_tf_grpc_servers_listen_beyond_loopback(cluster):
+    from course_utils import tf_dist
+    from course_utils.cluster import exposure
+
+    torch_dist.init(cluster)
+    tfc = tf_dist.start_servers(cluster, num_ps=1)
+    listeners = exposure.report(cluster)
+    print("\n".join(x.text() for x in listeners))
+    tf_ports = {int(a.rsplit(":", 1)[1]) for job in tfc.cluster.values() for a in job}
+    master_port = cluster.run_on(0, torch_dist.process_group._engine_state)["master_port"]
+    by_port = {x.port: x for x in listeners}
+    assert by_port[master_port].addr == "127.0.0.1"  # torch's store: loopback
+    assert {x.port for x in exposure.exposed(listeners)} == tf_ports
+    assert all(x.role.startswith("rank") for x in exposure.exposed(listeners))
+    # the README says exactly this
+    table = readme_listeners()
+    wide = {what for what, where in table.items() if "all interfaces" in where}
+    assert wide and all("gRPC" in what for what in wide), table
+    assert all("127.0.0.1" in where for what, where in table.items() if what not in wide)
+
+
+@ipp.interactive
+def only_rank0_reduces():
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))
+    return 1
+
+
 def test_hung_collective_times_out_and_restart_recovers(cluster):
     torch_dist.init(cluster)
     old_pids = [r.pid for r in cluster.ranks]
 
-    @ipp.interactive
-    def only_rank0():
-        import torch
-        import torch.distributed as dist
-
-        if dist.get_rank() == 0:
-            dist.all_reduce(torch.ones(1))
-        return 1
-
     t0 = time.perf_counter()
     with pytest.raises(ClusterTimeout, match=r"still running on ranks \[0\]") as err:
-        cluster.run(only_rank0, timeout=2)
+        cluster.run(only_rank0_reduces, timeout=2)
     assert time.perf_counter() - t0 < 5
     assert "cu.restart()" in err.value.fix
+    print(f"{type(err.value).__name__}: {err.value}")
+    # which call each stuck rank is in, read from its stack while it is blocked
+    assert "rank 0: in all_reduce (torch.distributed), called from only_rank0_reduces" \
+        in str(err.value)
+    # the next call says at once that the group is stuck and names the cure
+    t0 = time.perf_counter()
+    with pytest.raises(ProcessGroupGone, match=r"still stuck in only_rank0_reduces\(\)") as err:
+        cluster.run(rank_sum)
+    assert time.perf_counter() - t0 < 2 and "cu.restart()" in err.value.fix
 
     restarted = cu.restart()
     assert restarted is cluster and cluster.world_size == 2

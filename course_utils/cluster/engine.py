@@ -6,11 +6,19 @@ The cluster layer calls these through ipyparallel; learners never call them dire
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
+import tempfile
 from typing import Any
 
 #: What the last :func:`install` told this engine (rank, world size, ...).
 STATE: dict[str, Any] = {}
+
+#: The signal on which an engine writes its Python stacks to :func:`stack_file` (so the kernel
+#: can say where a rank is stuck: a blocked collective cannot answer a call). None on Windows.
+STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
+_STACK_OUT: list[Any] = []
 
 
 def _gpu_count() -> int:
@@ -45,8 +53,11 @@ def describe(controller_addr: str = "127.0.0.1") -> dict[str, Any]:
     }
 
 
-def install(info: dict[str, Any], env: dict[str, str]) -> int:
-    """Record this engine's rank, export torchrun-style variables and expose names to ``%%px``."""
+def install(info: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """Record this engine's rank, export torchrun-style variables and expose names to ``%%px``.
+
+    Also arms the stack dump (:data:`STACK_SIGNAL`); returns the pid and the dump's file.
+    """
     import __main__
 
     os.environ.update(env)
@@ -55,7 +66,60 @@ def install(info: dict[str, Any], env: dict[str, str]) -> int:
     ns = vars(__main__)
     for key in ("rank", "world_size", "local_rank", "local_world_size", "host"):
         ns[key] = info[key]
-    return os.getpid()
+    return {"pid": os.getpid(), "stack_file": enable_stack_dump()}
+
+
+def stack_file(pid: int | None = None) -> str:
+    """Where engine ``pid`` writes its stacks when it gets :data:`STACK_SIGNAL`."""
+    name = f"course-stack-{os.getuid()}-{pid or os.getpid()}.txt"
+    return os.path.join(tempfile.gettempdir(), name)
+
+
+def enable_stack_dump() -> str | None:
+    """Dump every thread's Python stack to :func:`stack_file` on :data:`STACK_SIGNAL`.
+
+    ``faulthandler`` writes from its C signal handler, so this works while the main thread is
+    blocked inside a collective, where no Python code (and no ipyparallel call) can run.
+    """
+    import faulthandler
+
+    if STACK_SIGNAL is None:
+        return None
+    if not _STACK_OUT:
+        path = stack_file()
+        out = open(path, "w")  # noqa: SIM115  # stays open: the handler writes to its fd
+        faulthandler.register(STACK_SIGNAL, file=out, all_threads=True, chain=False)
+        _STACK_OUT.append(out)
+    return _STACK_OUT[0].name
+
+
+_FH_FRAME = re.compile(r'^\s*File "(?P<file>.+?)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def summarize_stack(dump: str) -> str:
+    """``faulthandler`` output -> ``"in all_reduce (torch.distributed), called from
+    only_rank0 line 9"``: the innermost library call on the thread running the learner's code,
+    and the learner's innermost line."""
+    threads = [t for t in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump) if "File" in t]
+    main = next((t for t in threads if "do_apply" in t or "run_code" in t or "run_cell" in t),
+                threads[0] if threads else "")
+    frames = [m.groupdict() for m in map(_FH_FRAME.match, main.splitlines()) if m]
+    if not frames:
+        return "running (no stack available)"
+    # faulthandler lists the most recent call first
+    lib = {"site-packages", "dist-packages", "/lib/python3", "/course_utils/", "<frozen"}
+    learner = next((f for f in frames if not any(p in f["file"] for p in lib)
+                    and f["func"] != "<module>" or "ipykernel_" in f["file"]), None)
+    dist = next((f for f in frames if "torch/distributed" in f["file"]
+                 and not f["func"].startswith("_") and f["func"] != "wrapper"), None)
+    parts = []
+    if dist is not None:
+        parts.append(f"in {dist['func']} (torch.distributed)")
+    elif frames:
+        parts.append(f"in {frames[0]['func']}")
+    if learner is not None:
+        parts.append(f"called from {learner['func']} line {learner['line']}")
+    return ", ".join(parts)
 
 
 def state() -> dict[str, Any]:

@@ -14,6 +14,8 @@ Typical notebook use::
 from __future__ import annotations
 
 import contextlib
+import datetime
+import json
 import logging
 import os
 import signal
@@ -28,13 +30,14 @@ from .. import settings
 from ..errors import (
     ClusterNotRunning,
     ClusterTimeout,
-    EngineError,
+    CourseError,
     EnginesDidNotStart,
+    ProcessGroupGone,
     WorldSizeMismatch,
 )
-from . import engine
+from . import engine, failures
 from .profiles import ClusterProfile, load_profile
-from .ranks import RankMap, build_rank_map
+from .ranks import RankInfo, RankMap, build_rank_map
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,13 @@ def cluster_file(cluster_id: str | None = None, pdir: str | None = None) -> Path
     return Path(pdir or profile_dir()) / "security" / f"cluster-{cid}.json"
 
 
+def course_file(cluster_id: str | None = None, pdir: str | None = None) -> Path:
+    """Beside ipyparallel's cluster file: who started the cluster and the rank map last pushed
+    to its engines, so a second kernel can join while the engines are busy."""
+    cid = cluster_id or settings.cluster_id()
+    return Path(pdir or profile_dir()) / "security" / f"course-{cid}.json"
+
+
 class CourseCluster:
     """A connected cluster: the ipyparallel client, a view on all engines and the rank map."""
 
@@ -84,6 +94,12 @@ class CourseCluster:
         self._restart_hooks: dict[str, Callable[[CourseCluster], Any]] = {}
         self._stop_hooks: dict[str, Callable[[CourseCluster], Any]] = {}
         self.started_at = time.time()
+        #: Facts frameworks leave for each other, e.g. ``pg_broken`` after a group timed out.
+        self.flags: dict[str, Any] = {}
+        # The last call that timed out: ranks still running it, what and since when.
+        self._stuck: dict[str, Any] | None = None
+        # engine id -> file its faulthandler writes stacks to (engines on this machine only)
+        self._stack_files: dict[int, str] = {}
 
     # ---- facts -------------------------------------------------------------------------
     @property
@@ -113,20 +129,82 @@ class CourseCluster:
         try:
             return ar.get(timeout=timeout)
         except ipp.error.TimeoutError:
-            pending = [eid for eid, done in zip(ar._targets, _done_flags(ar), strict=False)
-                       if not done]
-            ranks = [self.ranks.by_engine(e).rank for e in pending if self._has_engine(e)]
+            pending = [(eid, mid) for eid, mid, done in
+                       zip(ar._targets, ar.msg_ids, _done_flags(ar), strict=False) if not done]
+            ranks = [self.ranks.by_engine(e).rank for e, _ in pending if self._has_engine(e)]
+            where = self.where([e for e, _ in pending])
+            self._stuck = {"ranks": ranks, "what": what, "since": time.time() - timeout,
+                           "msg_ids": [m for _, m in pending], "where": where}
+            doing = "".join(f"\n  rank {r}: {where[r]}" for r in ranks if r in where)
             raise ClusterTimeout(
-                f"{what} did not finish within {timeout:g} s; still running on ranks {ranks}. "
-                "A collective that some ranks never joined blocks forever, and Ctrl-C "
+                f"{what} did not finish within {timeout:g} s; still running on ranks {ranks}"
+                f"{doing}\nA collective that some ranks never joined blocks forever, and Ctrl-C "
                 "(SIGINT) cannot break it",
                 "run cu.restart() to replace the engines (the process group is rebuilt), "
                 "then re-run the cell; check every rank calls the same collectives in order",
             ) from None
-        except ipp.error.CompositeError as exc:
-            raise _engine_error(exc, self) from exc
-        except ipp.error.RemoteError as exc:
-            raise _engine_error(exc, self) from exc
+        except (ipp.error.CompositeError, ipp.error.RemoteError) as exc:
+            err = _engine_error(exc, self)
+            if isinstance(err, ProcessGroupGone):
+                self.flags["pg_broken"] = True
+            raise err from exc
+
+    def _check_stuck(self) -> None:
+        """Fail at once, naming the cure, while ranks still run a call that timed out: a new
+        call would only queue behind it."""
+        stuck = self._stuck
+        if not stuck:
+            return
+        try:
+            status = _queue_status(self.client, timeout=5)
+        except Exception:
+            return
+        registered = set(self.client.ids)
+        pending = {m for eid, q in status.items() if eid in registered for m in q.get("queue", [])}
+        if not pending & set(stuck["msg_ids"]):
+            self._stuck = None
+            return
+        since = time.time() - stuck["since"]
+        doing = "".join(f"\n  rank {r}: {w}" for r, w in stuck.get("where", {}).items())
+        raise ProcessGroupGone(
+            f"ranks {stuck['ranks']} are still stuck in {stuck['what']}, which timed out "
+            f"{since:.0f} s ago{doing}\nEvery new call would queue behind it, and the process "
+            "group cannot be used until those ranks are replaced",
+            "run cu.restart() (replaces the engines and rebuilds the process group), then "
+            "re-run the cell",
+        )
+
+    def where(self, engine_ids: Sequence[int] | None = None, wait: float = 1.0) -> dict[int, str]:
+        """What each rank's main thread is running right now: rank -> ``"all_reduce, called
+        from only_rank0 line 9"``. Reads the stacks the engines dump on a signal (engines on
+        this machine only; ranks it cannot ask are left out). Works while a rank is stuck."""
+        ids = list(self.ranks.engine_ids if engine_ids is None else engine_ids)
+        sig = engine.STACK_SIGNAL
+        marks: dict[int, tuple[str, int]] = {}
+        for eid in ids:
+            path = self._stack_files.get(eid)
+            if sig is None or not path or not self._has_engine(eid):
+                continue
+            pid = self.ranks.by_engine(eid).pid
+            if not os.path.exists(path) or f"-{pid}." not in path:
+                continue
+            with contextlib.suppress(OSError):
+                size = os.path.getsize(path)
+                os.kill(pid, sig)
+                marks[eid] = (path, size)
+        out: dict[int, str] = {}
+        deadline = time.monotonic() + wait
+        while marks and time.monotonic() < deadline:
+            for eid, (path, size) in list(marks.items()):
+                with contextlib.suppress(OSError):
+                    if os.path.getsize(path) > size:
+                        time.sleep(0.05)  # let the dump finish
+                        with open(path, errors="replace") as f:
+                            f.seek(size)
+                            out[self.ranks.by_engine(eid).rank] = engine.summarize_stack(f.read())
+                        marks.pop(eid)
+            time.sleep(0.02)
+        return out
 
     def _has_engine(self, eid: int) -> bool:
         try:
@@ -138,6 +216,7 @@ class CourseCluster:
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
             **kwargs: Any) -> list[Any]:
         """Call ``fn(*args, **kwargs)`` on every rank; results are returned in rank order."""
+        self._check_stuck()
         view = self.client[self.ranks.engine_ids]
         ar = view.apply_async(fn, *args, **kwargs)
         return self._wait(ar, timeout, f"{getattr(fn, '__name__', 'call')}()")
@@ -150,6 +229,7 @@ class CourseCluster:
                 f"got arguments for {len(args_by_rank)} ranks, the cluster has {self.world_size}",
                 "pass one argument tuple per rank",
             )
+        self._check_stuck()
         ars = [
             self.client[info.engine_id].apply_async(fn, *args)
             for info, args in zip(self.ranks, args_by_rank, strict=True)
@@ -161,6 +241,7 @@ class CourseCluster:
     def run_on(self, rank: int, fn: Callable[..., Any], *args: Any,
                timeout: float | None = None) -> Any:
         """Call ``fn`` on one rank only."""
+        self._check_stuck()
         ar = self.client[self.ranks[rank].engine_id].apply_async(fn, *args)
         return self._wait(ar, timeout, f"{getattr(fn, '__name__', 'call')}() on rank {rank}")
 
@@ -173,11 +254,13 @@ class CourseCluster:
 
     def pull(self, name: str, timeout: float | None = None) -> list[Any]:
         """A variable from every rank's ``%%px`` namespace, in rank order."""
+        self._check_stuck()
         ar = self.client[self.ranks.engine_ids].pull(name, block=False)
         return self._wait(ar, timeout, f"pull({name!r})")
 
     def push(self, namespace: dict[str, Any], timeout: float | None = None) -> None:
         """Set variables in every rank's ``%%px`` namespace."""
+        self._check_stuck()
         ar = self.client[self.ranks.engine_ids].push(namespace, block=False)
         self._wait(ar, timeout, "push()")
 
@@ -190,6 +273,35 @@ class CourseCluster:
         except Exception:
             return False
 
+    def alive(self, timeout: float = 5.0) -> bool:
+        """True when the controller answers and still lists every engine of the rank map.
+
+        Asks the controller, not the engines: an engine busy with another notebook's cell is
+        alive (its heartbeat runs in its own thread) though it will not answer a call now.
+        """
+        try:
+            _queue_status(self.client, timeout=timeout)
+        except Exception:
+            return False
+        return self.rank_map is not None and set(self.ranks.engine_ids) <= set(self.client.ids)
+
+    def busy(self, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
+        """Engines with tasks queued or running, by engine id: ``{"tasks": n, "since": s}``
+        (seconds since the oldest was submitted, when the controller recorded it)."""
+        status = _queue_status(self.client, timeout=timeout)
+        registered = set(self.client.ids)  # the controller keeps queues of engines it dropped
+        out: dict[int, dict[str, Any]] = {}
+        for eid, q in status.items():
+            if eid in registered and q.get("queue"):
+                out[eid] = {"tasks": len(q["queue"]), "msg_ids": list(q["queue"])}
+        if out:
+            submitted = _submitted(self.client, [m for b in out.values() for m in b["msg_ids"]])
+            now = datetime.datetime.now(datetime.timezone.utc)
+            for b in out.values():
+                times = [submitted[m] for m in b["msg_ids"] if submitted.get(m)]
+                b["since"] = (now - min(times)).total_seconds() if times else None
+        return out
+
     # ---- hooks for frameworks ----------------------------------------------------------
     def on_restart(self, key: str, hook: Callable[[CourseCluster], Any] | None) -> None:
         """Run ``hook(cluster)`` after the engines were replaced (e.g. rebuild a process group)."""
@@ -201,16 +313,38 @@ class CourseCluster:
 
     # ---- rank map ----------------------------------------------------------------------
     def refresh_ranks(self, timeout: float | None = None) -> RankMap:
-        """Ask every engine who it is, assign ranks, and push each engine its rank."""
+        """Ask every engine who it is, assign ranks, and push each engine its rank.
+
+        Engines busy with another notebook's cell cannot answer now: then the rank map that
+        kernel pushed (saved beside the cluster file) is reused, or, without one, this waits
+        for the running cell with a bounded, explained timeout.
+        """
+        timeout = settings.call_timeout() if timeout is None else timeout
         ids = sorted(self.client.ids)
+        try:
+            busy = self.busy()
+        except Exception:
+            busy = {}
+        if busy:
+            saved = _read_rank_map(self.cluster_id, ids)
+            if saved is not None:
+                self.rank_map = saved
+                return saved
+            longest = max((b.get("since") or 0.0) for b in busy.values())
+            print(f"cu: engines {sorted(busy)} are running another notebook's cell "
+                  f"(for {longest:.0f} s); waiting up to {timeout:g} s for it to learn "
+                  "which engine is which rank")
         where = self.profile.controller_ip or "127.0.0.1"
         ar = self.client[ids].apply_async(engine.describe, where)
         try:
-            descs = ar.get(timeout=settings.call_timeout() if timeout is None else timeout)
+            descs = ar.get(timeout=timeout)
         except ipp.error.TimeoutError:
             raise ClusterTimeout(
-                "engines did not answer who they are",
-                "an engine is busy or stuck: run cu.restart()",
+                f"engines did not say who they are within {timeout:g} s"
+                + (" (they are busy with another notebook's cell)" if busy else ""),
+                "wait for the other notebook's cell to finish, then run cu.start() again; "
+                "if an engine is stuck, the notebook that started the cluster can run "
+                "cu.restart()",
             ) from None
         rank_map = build_rank_map(
             dict(zip(ids, descs, strict=True)),
@@ -222,9 +356,15 @@ class CourseCluster:
             env = info.as_env()
             ars.append(self.client[info.engine_id].apply_async(
                 engine.install, {**info.__dict__}, env))
-        for ar in ars:
-            ar.get(timeout=settings.call_timeout() if timeout is None else timeout)
+        installed = [ar.get(timeout=timeout) for ar in ars]
+        self._stack_files = {
+            info.engine_id: res.get("stack_file") for info, res in zip(rank_map, installed,
+                                                                        strict=True)
+            if isinstance(res, dict) and res.get("stack_file")
+        } if self.profile.is_local else {}
         self.rank_map = rank_map
+        self._stuck = None
+        _write_course_file(self, rank_map)
         return rank_map
 
     def activate(self) -> None:
@@ -247,6 +387,7 @@ class CourseCluster:
         _stop_engines(self.cluster, kill=True)
         _start_engines(self.cluster, self.profile, n)
         _wait_for_engines(self.cluster, self.client, n, timeout, exclude=old)
+        self.flags.pop("pg_broken", None)
         self.refresh_ranks()
         self.activate()
         for hook in list(self._restart_hooks.values()):
@@ -301,10 +442,12 @@ def start(
     cid = cluster_id or settings.cluster_id()
 
     if _current is not None and _current.cluster_id == cid:
-        if _current.ping() and (want is None or want == _current.n):
+        # Asks the controller, not the engines: busy engines are alive, never replaced here.
+        alive = _current.alive()
+        if alive and (want is None or want == _current.n):
             _current.activate()
             return _current
-        if want is not None and want != _current.n and _current.ping():
+        if want is not None and want != _current.n and alive:
             if not _current.owned:
                 raise WorldSizeMismatch(
                     f"the running cluster {cid!r} has {_current.n} engines, n={want} was asked",
@@ -317,6 +460,7 @@ def start(
     cc = _connect_existing(cid, prof, want, timeout)
     if cc is None:
         cc = _start_new(cid, prof, want or settings.default_engines(), timeout)
+        _write_course_file(cc, None)
     cc.refresh_ranks()
     cc.activate()
     _current = cc
@@ -343,6 +487,7 @@ def stop_running(cluster_id: str | None = None) -> bool:
         cl = ipp.Cluster.from_file(str(path), shutdown_atexit=False, log_level=logging.ERROR)
     except Exception:
         path.unlink(missing_ok=True)
+        course_file(cluster_id).unlink(missing_ok=True)
         return False
     _stop_cluster(cl)
     path.unlink(missing_ok=True)
@@ -373,21 +518,20 @@ def _done_flags(ar: Any) -> list[bool]:
         return [False] * len(getattr(ar, "_targets", []))
 
 
-def _engine_error(exc: Exception, cc: CourseCluster) -> EngineError:
-    lines = []
+def _engine_error(exc: Exception, cc: CourseCluster) -> CourseError:
+    """One learner-facing error for what failed on the engines (see :mod:`.failures`)."""
     errors = exc.elist if isinstance(exc, ipp.error.CompositeError) else [
         (exc.ename, exc.evalue, exc.traceback, exc.engine_info)
     ]
-    for ename, evalue, _tb, info in errors:
+    found = []
+    for ename, evalue, tb, info in errors:
         eid = (info or {}).get("engine_id")
-        where = f"engine {eid}"
+        rank = None
         if eid is not None and cc.rank_map is not None and cc._has_engine(eid):
-            where = f"rank {cc.ranks.by_engine(eid).rank}"
-        lines.append(f"[{where}] {ename}: {evalue}")
-    return EngineError(
-        "code failed on the engines:\n  " + "\n  ".join(lines),
-        "read the rank's error above; fix the code and re-run the cell",
-    )
+            rank = cc.ranks.by_engine(eid).rank
+        text = "\n".join(tb) if isinstance(tb, list) else str(tb or "")
+        found.append(failures.Failure(rank, eid, str(ename), str(evalue), text))
+    return failures.describe(found)
 
 
 def _new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
@@ -437,11 +581,37 @@ def _stop_engines(cl: ipp.Cluster, kill: bool = False) -> None:
 
 
 def _stop_cluster(cl: ipp.Cluster) -> None:
+    """Stop every engine and the controller, then remove the cluster's files.
+
+    The cluster file is read *first*: engines another kernel started (``cu.restart()``,
+    every TF teardown) are recorded there, not in this process's ``cl``.
+    """
+    _adopt_recorded_engines(cl)
     _stop_engines(cl)
     with contextlib.suppress(Exception):
         cl.stop_controller_sync()
     with contextlib.suppress(Exception):
         cl.remove_cluster_file()
+    with contextlib.suppress(Exception):
+        _course_file_of(cl).unlink(missing_ok=True)
+
+
+def _adopt_recorded_engines(cl: ipp.Cluster) -> None:
+    """Add to ``cl`` the engine sets its cluster file lists that ``cl`` does not know."""
+    path = getattr(cl, "cluster_file", None)
+    if not path or not os.path.exists(path):
+        return
+    try:
+        recorded = ipp.Cluster.from_file(path, shutdown_atexit=False, log_level=logging.ERROR)
+    except Exception:
+        return
+    for key, es in recorded.engines.items():
+        if key not in cl.engines:
+            cl.engines[key] = es
+
+
+def _course_file_of(cl: ipp.Cluster) -> Path:
+    return Path(cl.profile_dir) / "security" / f"course-{cl.cluster_id}.json"
 
 
 def _engine_output(cl: ipp.Cluster, limit: int = 1500) -> str:
@@ -523,36 +693,157 @@ def _start_new(cid: str, prof: ClusterProfile, n: int, timeout: float) -> Course
 
 def _connect_existing(cid: str, prof: ClusterProfile, want: int | None,
                       timeout: float) -> CourseCluster | None:
-    """Connect to a running cluster with this id, or clean up its stale file and return None."""
+    """Connect to a running cluster with this id; ``None`` when there is none (a stale file is
+    removed). Never stops a cluster another process started while it has engines: engines
+    that do not answer because they run another notebook's cell are busy, not dead."""
     path = cluster_file(cid)
     if not path.exists():
         return None
     try:
         cl = ipp.Cluster.from_file(str(path), shutdown_atexit=False, log_level=logging.ERROR)
-        client = cl.connect_client_sync(timeout=5)
-        have = len(client.ids)
     except Exception:
+        cl = None
+    if cl is None or cl.controller is None:  # unreadable, or its controller process is gone
         path.unlink(missing_ok=True)
+        course_file(cid).unlink(missing_ok=True)
         return None
-    if have == 0 or not _answers(client):
+    try:
+        client = cl.connect_client_sync(timeout=5)
+        _queue_status(client, timeout=5)  # the controller answers
+    except Exception:
+        raise ClusterNotRunning(
+            f"the cluster {cid!r} has a controller process that does not answer",
+            f"stop it with `course stop --cluster-id {cid}`, then run cu.start() again",
+        ) from None
+    have = sorted(client.ids)
+    if not have:  # engines may be registering right now (course lab is starting)
+        with contextlib.suppress(Exception):
+            client.wait_for_engines(1, timeout=min(timeout, 10), interactive=False)
+        have = sorted(client.ids)
+    if not have:
+        owner = _read_course_file(cid).get("owner_pid")
+        if owner and owner != os.getpid() and _pid_alive(int(owner)):
+            with contextlib.suppress(Exception):
+                client.close()
+            raise ClusterNotRunning(
+                f"the cluster {cid!r} (started by process {owner}) has no engines",
+                "in the notebook (or course lab) that started it run cu.restart(), or stop it "
+                f"with `course stop --cluster-id {cid}` and run cu.start() again",
+            )
+        # No owner left and no engines: an orphan; stopping it loses nobody's work.
         with contextlib.suppress(Exception):
             client.close()
         _stop_cluster(cl)
         path.unlink(missing_ok=True)
         return None
-    if want is not None and want != have:
+    if want is not None and want != len(have):
         client.close()
         raise WorldSizeMismatch(
-            f"the running cluster {cid!r} has {have} engines, n={want} was asked",
+            f"the running cluster {cid!r} has {len(have)} engines, n={want} was asked",
             f"call cu.start() without n, or stop the running cluster (`course stop`) and "
             f"start it with COURSE_ENGINES={want}",
         )
-    return CourseCluster(cl, client, prof, owned=False, n=have)
+    cc = CourseCluster(cl, client, prof, owned=False, n=len(have))
+    with contextlib.suppress(Exception):
+        busy = cc.busy()
+        if busy:
+            print(busy_line(busy))
+    return cc
 
 
-def _answers(client: ipp.Client, timeout: float = 5.0) -> bool:
+def busy_line(busy: dict[int, dict[str, Any]]) -> str:
+    """One line for a kernel joining engines that run another notebook's cell."""
+    since = [b["since"] for b in busy.values() if b.get("since") is not None]
+    how_long = f"running for {max(since):.0f} s" if since else "busy"
+    return (f"cu: connected; engines {sorted(busy)} are {how_long} with another notebook's "
+            "cell: cells you run here queue behind it")
+
+
+def _hub_request(client: ipp.Client, msg_type: str, content: dict[str, Any],
+                 timeout: float) -> dict[str, Any]:
+    """A request to the controller that gives up after ``timeout`` s (ipyparallel's own
+    ``queue_status``/``db_query`` wait forever for a controller that does not answer)."""
+    future = client._send(client._query_stream, msg_type, content=content)
+    reply = future.result(timeout=timeout)
+    body = dict(reply["content"])
+    if body.pop("status", "ok") != "ok":
+        raise client._unwrap_exception(body)
+    return body
+
+
+def _queue_status(client: ipp.Client, timeout: float = 5.0) -> dict[Any, Any]:
+    """The controller's view: engine id -> ``{"queue": [msg ids], "completed", "tasks"}``."""
+    from ipyparallel import util
+
+    return util.int_keys(_hub_request(client, "queue_request",
+                                      {"targets": None, "verbose": True}, timeout))
+
+
+def _submitted(client: ipp.Client, msg_ids: Sequence[str],
+               timeout: float = 5.0) -> dict[str, datetime.datetime]:
+    """When the controller received each task (its task database), as aware datetimes."""
+    from ipyparallel import util
+
     try:
-        client[:].apply_async(os.getpid).get(timeout=timeout)
-        return True
+        body = _hub_request(client, "db_request", {
+            "query": {"msg_id": {"$in": list(msg_ids)}}, "keys": ["msg_id", "submitted"]},
+            timeout)
     except Exception:
+        return {}
+    out = {}
+    for rec in body.get("records", []):
+        when = rec.get("submitted")
+        if isinstance(when, str):
+            with contextlib.suppress(Exception):
+                when = util._parse_date(when) if hasattr(util, "_parse_date") else \
+                    datetime.datetime.fromisoformat(when)
+        if isinstance(when, datetime.datetime):
+            if when.tzinfo is None:
+                when = when.astimezone()
+            out[rec["msg_id"]] = when
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
         return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_course_file(cid: str) -> dict[str, Any]:
+    try:
+        return json.loads(course_file(cid).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_course_file(cc: CourseCluster, rank_map: RankMap | None) -> None:
+    """Record the owner and the rank map just pushed, for kernels that join later."""
+    path = _course_file_of(cc.cluster)
+    data = _read_course_file(cc.cluster_id)
+    if cc.owned or "owner_pid" not in data:
+        data["owner_pid"] = os.getpid() if cc.owned else None
+    if rank_map is not None:
+        data["rank_map"] = rank_map.to_dicts()
+        data["hosts"] = list(rank_map.hosts)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+
+def _read_rank_map(cid: str, engine_ids: Sequence[int]) -> RankMap | None:
+    """The saved rank map, if it covers exactly these engines."""
+    data = _read_course_file(cid)
+    rows = data.get("rank_map") or []
+    if sorted(r.get("engine_id") for r in rows) != sorted(engine_ids):
+        return None
+    try:
+        infos = tuple(RankInfo(**r) for r in sorted(rows, key=lambda r: r["rank"]))
+    except TypeError:
+        return None
+    return RankMap(ranks=infos, hosts=tuple(data.get("hosts", ())))

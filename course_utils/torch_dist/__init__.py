@@ -8,6 +8,6 @@ the ``engine_*``/``_engine_*`` functions import it on the engines.
 
 from __future__ import annotations
 
-from .process_group import BACKENDS, choose_backend, destroy, init
+from .process_group import BACKENDS, choose_backend, destroy, init, pg_backend
 
-__all__ = ["BACKENDS", "choose_backend", "destroy", "init"]
+__all__ = ["BACKENDS", "choose_backend", "destroy", "init", "pg_backend"]

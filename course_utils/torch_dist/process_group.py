@@ -6,12 +6,21 @@ torch is imported on the engines by the ``_engine_*`` functions, which ipyparall
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from .. import settings
-from ..cluster import CourseCluster, current, ports
-from ..errors import BackendUnavailable, ClusterTimeout, PortInUse, WorldSizeMismatch
+from ..cluster import CourseCluster, current, failures, ports
+from ..errors import (
+    BackendUnavailable,
+    ClusterTimeout,
+    CollectiveMismatch,
+    CourseError,
+    PortInUse,
+    ProcessGroupGone,
+    WorldSizeMismatch,
+)
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -41,19 +50,49 @@ def choose_backend(requested: str, gpus_by_rank: Sequence[int],
     return req
 
 
+def pg_backend(chosen: str) -> str:
+    """The backend string torch gets. An NCCL group maps devices to backends,
+    ``"cpu:gloo,cuda:nccl"``, so CPU tensors (the lessons' small examples) go over gloo and
+    CUDA tensors over NCCL: the same notebook runs on CPUs and on the GPU hosts."""
+    return "cpu:gloo,cuda:nccl" if chosen == "nccl" else chosen
+
+
+def backend_label(chosen: str) -> str:
+    """How the summary names the backend: ``gloo``, or ``nccl+gloo`` for the mapped group."""
+    return "nccl+gloo" if chosen == "nccl" else chosen
+
+
+def debug_level(debug: str | bool | None) -> str:
+    """``cu.init_torch(debug=...)`` -> ``off``/``info``/``detail`` (None: ``$COURSE_TORCH_DEBUG``,
+    default ``detail``; True: ``detail``; False: ``off``)."""
+    if debug is None:
+        return settings.torch_debug()
+    if isinstance(debug, bool):
+        return "detail" if debug else "off"
+    level = str(debug).strip().lower()
+    if level not in settings.TORCH_DEBUG_LEVELS:
+        raise ValueError(f"debug={debug!r} is not one of {settings.TORCH_DEBUG_LEVELS}")
+    return level
+
+
 def init(
     cluster: CourseCluster | None = None,
     backend: str = "auto",
     timeout: float | None = None,
     master_port: int | None = None,
     world_size: int | None = None,
+    debug: str | bool | None = None,
 ) -> dict[str, Any]:
     """Create the default process group on every engine (idempotent).
 
     Re-running with the same backend on the same engines reuses the live group; anything else
     destroys it and builds a fresh one on a new free port chosen *on rank 0's host*.
     ``timeout`` (default ``$COURSE_PG_TIMEOUT``, 60 s) bounds rendezvous and every collective.
-    Returns a summary: backend, world size, master address/port and whether it was reused.
+    ``debug`` (default ``$COURSE_TORCH_DEBUG``, ``detail``): with ``detail`` torch checks every
+    collective against the other ranks first, so a mismatch is reported at once (see
+    :func:`course_utils.settings.torch_debug`); pass ``debug="off"`` when measuring speed.
+    On the local profile the store and gloo listen on the loopback address only.
+    Returns a summary: backend, world size, master address/port, debug level, whether reused.
     """
     cc = cluster or current()
     rm = cc.ranks
@@ -67,13 +106,16 @@ def init(
     if pg_timeout <= 0:
         raise ValueError(f"timeout={timeout} must be positive seconds")
 
-    want = {"backend": chosen, "world_size": rm.world_size}
+    level = debug_level(debug)
+    want = {"backend": backend_label(chosen), "world_size": rm.world_size, "debug": level}
     states = cc.run(_engine_state, timeout=10)
-    if master_port is None and all(
-        s and s["backend"] == chosen and s["world_size"] == rm.world_size and s["rank"] == r.rank
+    broken = cc.flags.pop("pg_broken", False)
+    if master_port is None and not broken and all(
+        s and s["backend"] == want["backend"] and s["world_size"] == rm.world_size
+        and s["rank"] == r.rank and s.get("debug") == level
         for s, r in zip(states, rm, strict=True)
     ):
-        _register_hooks(cc, backend, timeout)
+        _register_hooks(cc, backend, timeout, debug)
         return {**states[0], **want, "reused": True}
 
     if master_port is not None:
@@ -87,7 +129,8 @@ def init(
         port = cc.run_on(0, ports.free_port, rm.master_addr, timeout=10)
 
     args = [
-        (r.rank, rm.world_size, r.local_rank, rm.master_addr, port, chosen, pg_timeout)
+        (r.rank, rm.world_size, r.local_rank, rm.master_addr, port, pg_backend(chosen),
+         pg_timeout, level, cc.profile.is_local)
         for r in rm
     ]
     try:
@@ -100,7 +143,7 @@ def init(
             "the master port and that GLOO_SOCKET_IFNAME/NCCL_SOCKET_IFNAME name a shared "
             "interface",
         ) from None
-    _register_hooks(cc, backend, timeout)
+    _register_hooks(cc, backend, timeout, debug)
     return {**results[0], "reused": False}
 
 
@@ -111,9 +154,10 @@ def destroy(cluster: CourseCluster | None = None) -> list[bool]:
     return cc.run(_engine_destroy, timeout=30)
 
 
-def _register_hooks(cc: CourseCluster, backend: str, timeout: float | None) -> None:
+def _register_hooks(cc: CourseCluster, backend: str, timeout: float | None,
+                    debug: str | bool | None = None) -> None:
     # After cu.restart() the new engines get a fresh group with the same settings.
-    cc.on_restart("torch", lambda c: init(c, backend=backend, timeout=timeout))
+    cc.on_restart("torch", lambda c: init(c, backend=backend, timeout=timeout, debug=debug))
     cc.on_stop("torch", lambda c: c.run(_engine_destroy, timeout=10))
 
 
@@ -134,9 +178,11 @@ def _engine_state() -> dict[str, Any] | None:
 
 
 def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, port: int,
-                 backend: str, timeout_s: float) -> dict[str, Any]:
+                 backend: str, timeout_s: float, debug: str = "off",
+                 loopback: bool = False) -> dict[str, Any]:
     import datetime
     import os
+    import socket
 
     import torch
     import torch.distributed as dist
@@ -147,31 +193,65 @@ def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, 
         dist.destroy_process_group()
     _ENGINE.clear()
     os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
-                       "RANK": str(rank), "WORLD_SIZE": str(world_size)})
+                       "RANK": str(rank), "WORLD_SIZE": str(world_size),
+                       "TORCH_DISTRIBUTED_DEBUG": debug.upper()})
+    # Read by torch when the group is built; set explicitly, since torch reads the variable
+    # only once, at import.
+    dist.set_debug_level(getattr(dist.DebugLevel, debug.upper()))
+    if loopback and "GLOO_SOCKET_IFNAME" not in os.environ:
+        lo = _loopback_ifname()
+        if lo:  # gloo's own listening sockets: loopback, not the host name's address
+            os.environ["GLOO_SOCKET_IFNAME"] = lo
     threads = int(os.environ.get("COURSE_THREADS", "0") or 0)
     if threads:
         torch.set_num_threads(threads)
-    if backend == "nccl":
+    cuda = "nccl" in backend
+    if cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{master_addr}:{port}",
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
-    )
-    # One all_reduce proves every rank joined the group before we report success.
-    probe = torch.ones(1, device=device)
-    dist.all_reduce(probe)
-    if int(probe.item()) != world_size:
-        raise RuntimeError(f"probe all_reduce gave {probe.item()}, expected {world_size}")
-    _ENGINE.update(rank=rank, world_size=world_size, backend=backend, master_addr=master_addr,
-                   master_port=port, device=str(device), torch=torch.__version__)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    # The rendezvous store. torch's own tcp:// init binds the master port on every interface;
+    # a socket bound here to master_addr (loopback on the local profile) and handed over keeps
+    # it there.
+    if rank == 0:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((master_addr, port))
+        except OSError as exc:
+            sock.close()
+            raise PortInUse(f"rank 0 cannot listen on {master_addr}:{port}: {exc.strerror}",
+                            "run cu.init_torch() again: it picks a fresh port") from None
+        sock.listen(128)
+        store = dist.TCPStore(master_addr, port, world_size, True, timeout,
+                              master_listen_fd=sock.detach(), use_libuv=True)
+    else:
+        store = dist.TCPStore(master_addr, port, world_size, False, timeout, use_libuv=True)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)
+    # One all_reduce proves every rank joined the group before we report success; a mapped
+    # NCCL group is probed on both devices.
+    probes = [torch.ones(1, device=device)] + ([torch.ones(1)] if cuda else [])
+    for probe in probes:
+        dist.all_reduce(probe)
+        if int(probe.item()) != world_size:
+            raise RuntimeError(f"probe all_reduce gave {probe.item()}, expected {world_size}")
+    label = "nccl+gloo" if cuda else backend.rsplit(":", 1)[-1]
+    _ENGINE.update(rank=rank, world_size=world_size, backend=label, pg_backend=backend,
+                   master_addr=master_addr, master_port=port, device=str(device),
+                   debug=debug, torch=torch.__version__)
     __main__.device = device
     return dict(_ENGINE)
+
+
+def _loopback_ifname() -> str | None:
+    """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS), if there is one."""
+    import socket
+
+    names = [name for _, name in socket.if_nameindex()]
+    return next((n for n in ("lo", "lo0") if n in names), None)
 
 
 def _engine_destroy() -> bool:
@@ -186,3 +266,106 @@ def _engine_destroy() -> bool:
         dist.destroy_process_group()
         return True
     return False
+
+
+# ---- what known torch messages mean, for the learner (kernel side) ---------------------------
+_FINGERPRINT = re.compile(
+    r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\("
+    r"SequenceNumber=(?P<seq>\d+), OpType=(?P<op>\w+)"
+    r"(?:, TensorShape=\[(?P<shape>[^\]]*)\])?(?:, TensorDtypes=(?P<dtype>[^,)]+))?")
+_TIMEOUT = re.compile(r"Timed out waiting (?P<ms>\d+)ms|timed out after (?P<ms2>\d+) ?ms"
+                      r"|Watchdog caught collective operation timeout", re.I)
+_BARRIER = re.compile(r"Ranks? (?P<ranks>[\d, ]+) failed to pass monitoredBarrier in "
+                      r"(?P<ms>\d+) ms")
+_GONE = re.compile(r"Connection closed by peer|pair closure|Connection reset by peer"
+                   r"|Broken pipe|NCCL communicator was aborted", re.I)
+_OPS = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather",
+        "REDUCE_SCATTER": "reduce_scatter", "_ALLGATHER_BASE": "all_gather_into_tensor",
+        "_REDUCE_SCATTER_BASE": "reduce_scatter_tensor", "ALLTOALL": "all_to_all",
+        "ALLTOALL_BASE": "all_to_all_single", "ALLREDUCE_COALESCED": "all_reduce_coalesced",
+        "ALLGATHER_COALESCED": "all_gather_coalesced"}
+RESTART_FIX = ("run cu.restart() (it replaces the engines and rebuilds the process group), then "
+               "make every rank call the same collectives in the same order and re-run the cell")
+
+
+def op_name(op_type: str) -> str:
+    """torch's ``OpType`` name -> the ``torch.distributed`` function a learner calls."""
+    return _OPS.get(op_type, op_type.lower())
+
+
+def collective_calls(messages: Sequence[str]) -> dict[int, dict[str, str]]:
+    """Per rank, the collective it was running, from DETAIL-mode mismatch messages:
+    ``{rank: {"op": "all_reduce", "shape": "[2, 2]", "dtype": "float", "seq": "1"}}``."""
+    calls: dict[int, dict[str, str]] = {}
+    for text in messages:
+        for m in _FINGERPRINT.finditer(text):
+            calls.setdefault(int(m["rank"]), {
+                "op": op_name(m["op"]),
+                "shape": f"[{m['shape']}]" if m["shape"] is not None else "",
+                "dtype": (m["dtype"] or "").strip().lower(),
+                "seq": m["seq"],
+            })
+    return calls
+
+
+def mismatch_error(messages: Sequence[str]) -> CollectiveMismatch:
+    """The course's message for a DETAIL-mode "Detected mismatch between collectives"."""
+    calls = collective_calls(messages)
+    rows = []
+    for rank in sorted(calls):
+        c = calls[rank]
+        bits = [c["op"]] + [f"shape {c['shape']}"] * bool(c["shape"]) + [c["dtype"]] * bool(
+            c["dtype"])
+        rows.append(f"rank {rank}: {', '.join(bits)}")
+    differ = [k for k in ("op", "shape", "dtype") if len({c[k] for c in calls.values()}) > 1]
+    what = {"op": "the collective called", "shape": "tensor shape", "dtype": "dtype"}
+    seq = sorted({c["seq"] for c in calls.values()})
+    return CollectiveMismatch(
+        "the ranks called collectives that do not match (caught at once by "
+        f"TORCH_DISTRIBUTED_DEBUG=DETAIL, collective #{'/'.join(seq)} of the group):\n  "
+        + "\n  ".join(rows)
+        + (f"\nThey differ in {' and '.join(what[k] for k in differ)}." if differ else ""),
+        "every rank must call the same collectives in the same order, with tensors of the "
+        "same shape and dtype (a size that depends on the rank is the usual cause); the group "
+        "is still usable: fix the code and re-run the cell",
+    )
+
+
+def _translate(found: Sequence[failures.Failure]) -> CourseError | None:
+    texts = [f.evalue for f in found]
+    if any("Detected mismatch between collectives" in t for t in texts):
+        return mismatch_error(texts)
+    ranks = failures.rank_list([f.rank for f in found if f.rank is not None] or [0])
+    for f in found:
+        m = _BARRIER.search(f.evalue)
+        if m:
+            late = failures.rank_list([int(r) for r in m["ranks"].replace(",", " ").split()])
+            return ProcessGroupGone(
+                f"{late} never reached the collective that {f.where} waited "
+                f"in for {int(m['ms']) / 1000:g} s (the process-group timeout); a group that "
+                "timed out is closed and cannot be used again", RESTART_FIX)
+    timed = [f for f in found if _TIMEOUT.search(f.evalue)]
+    if timed:
+        m = _TIMEOUT.search(timed[0].evalue)
+        ms = (m["ms"] or m["ms2"]) if m else None
+        waited = f" for {int(ms) / 1000:g} s" if ms else ""
+        who = failures.rank_list([f.rank for f in timed if f.rank is not None] or [0])
+        return ProcessGroupGone(
+            f"{who} waited in a collective{waited} (the process-group "
+            "timeout) for ranks that never joined it: a collective some ranks skip, or call in "
+            "another order. A group that timed out is closed and cannot be used again",
+            RESTART_FIX)
+    if any(_GONE.search(t) for t in texts):
+        return ProcessGroupGone(
+            f"the process group is gone ({ranks}): an earlier collective timed out, or a rank "
+            "died, and closed its connections; a group cannot be used after that",
+            "run cu.restart() (it replaces the engines and rebuilds the process group), then "
+            "re-run the cell")
+    if any("Default process group has not been initialized" in t for t in texts):
+        return ProcessGroupGone(
+            f"{ranks} have no process group (it was never built, or was destroyed)",
+            "run cu.init_torch() first, then re-run the cell")
+    return None
+
+
+failures.add_translator("torch", _translate)
