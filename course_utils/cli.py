@@ -19,11 +19,9 @@ from pathlib import Path
 
 from . import settings
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _notebooks_dir() -> Path:
-    nb = ROOT / "notebooks"
+    nb = settings.data_dir("notebooks")  # the checkout's, or the installed package's copy
     return nb if nb.is_dir() else Path.cwd()
 
 

@@ -7,6 +7,9 @@ and CI agree without passing arguments around.
 from __future__ import annotations
 
 import os
+import sys
+import sysconfig
+from pathlib import Path
 
 #: Environment variables read here (documented in the README).
 ENV_ENGINES = "COURSE_ENGINES"
@@ -89,3 +92,23 @@ def threads_per_engine(engines_on_host: int, cores: int | None = None) -> int:
     """CPU threads each engine may use so engines sharing a host do not oversubscribe it."""
     cores = cores or os.cpu_count() or 1
     return max(1, cores // max(1, engines_on_host))
+
+
+#: Where ``pip install .`` puts the course's notebooks and profiles (pyproject's data-files).
+DATA_SUBDIR = Path("share") / "dist-training-course"
+
+
+def data_dir(name: str) -> Path:
+    """The course's ``notebooks`` or ``profiles`` folder: the checkout's, when running from one
+    (editable install, tests), else the copy the installed package ships under
+    ``<prefix>/share/dist-training-course/``. Nothing else assumes a checkout."""
+    here = Path(__file__).resolve().parent.parent / name
+    if here.is_dir():
+        return here
+    prefixes = [sysconfig.get_path("data"), sys.prefix, sys.base_prefix]
+    with_user = sysconfig.get_path("data", f"{os.name}_user")  # pip install --user
+    for prefix in [*prefixes, with_user]:
+        candidate = Path(prefix) / DATA_SUBDIR / name
+        if candidate.is_dir():
+            return candidate
+    return here  # absent: callers name this path in their error

@@ -296,7 +296,7 @@ class CourseCluster:
                 out[eid] = {"tasks": len(q["queue"]), "msg_ids": list(q["queue"])}
         if out:
             submitted = _submitted(self.client, [m for b in out.values() for m in b["msg_ids"]])
-            now = datetime.datetime.now(datetime.timezone.utc)
+            now = datetime.datetime.now(datetime.UTC)
             for b in out.values():
                 times = [submitted[m] for m in b["msg_ids"] if submitted.get(m)]
                 b["since"] = (now - min(times)).total_seconds() if times else None

@@ -18,11 +18,10 @@ A profile file (``profiles/two-hosts.toml`` is the worked example)::
 from __future__ import annotations
 
 import os
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 from ..errors import ProfileError
 
@@ -112,7 +111,9 @@ class ClusterProfile:
 
 
 def _profiles_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "profiles"
+    from ..settings import data_dir
+
+    return data_dir("profiles")
 
 
 def load_profile(spec: str | os.PathLike[str] | ClusterProfile | None = None) -> ClusterProfile:

@@ -16,7 +16,9 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
-NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+from ..settings import data_dir
+
+NOTEBOOK_DIR: Path = data_dir("notebooks")  # the checkout's, or the installed package's copy
 
 
 def source_notebooks() -> list[Path]:
