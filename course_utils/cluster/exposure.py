@@ -49,13 +49,13 @@ def listening(pid: int | None = None, children: bool = False) -> list[tuple[int,
 
     root = psutil.Process(pid or os.getpid())
     procs = [root] + (root.children(recursive=True) if children else [])
-    out = set()
+    out: dict[tuple[str, int], int] = {}  # forked children share their parent's sockets
     for proc in procs:
         with contextlib.suppress(psutil.Error):
             for c in proc.net_connections(kind="tcp"):
                 if c.status == psutil.CONN_LISTEN:
-                    out.add((proc.pid, c.laddr.ip, c.laddr.port))
-    return sorted(out)
+                    out.setdefault((c.laddr.ip, c.laddr.port), proc.pid)
+    return sorted((p, a, port) for (a, port), p in out.items())
 
 
 def report(cc: Any) -> list[Listener]:

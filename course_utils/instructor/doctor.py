@@ -105,15 +105,43 @@ def check_cluster(engines: int, timeout: float, tf: bool = False) -> list[Check]
             checks.append(Check("gloo all_reduce", False, str(exc).splitlines()[0],
                                 getattr(exc, "fix", INSTALL_FIX)))
         if tf:
-            checks.append(check_tf_cluster(cc, timeout))
+            checks.append(check_tf_cluster(
+                cc, timeout, while_up=lambda ports: checks.append(check_exposure(cc, ports))))
+        else:
+            checks.append(check_exposure(cc, set()))
     finally:
         cc.stop(force=True)
     return checks
 
 
-def check_tf_cluster(cc, timeout: float) -> Check:
+def check_exposure(cc, tf_ports: set[int]) -> Check:
+    """What the course's processes listen on: only TF's gRPC servers may listen beyond the
+    loopback address (TensorFlow cannot be told otherwise; the README says so)."""
+    from ..cluster import exposure
+
+    try:
+        found = exposure.report(cc)
+    except Exception as exc:
+        return Check("exposure", False, f"could not list sockets: {exc}", "report this")
+    wide = exposure.exposed(found)
+    odd = [x for x in wide if x.port not in tf_ports]
+    detail = f"{len(found) - len(wide)} sockets on loopback (controller, torch store, gloo)"
+    tf = sorted(x.port for x in wide if x.port in tf_ports)
+    if tf:
+        detail += (f"; on ALL interfaces while TF servers run: ports {tf} (TensorFlow's gRPC "
+                   "server binds 0.0.0.0 whatever its ClusterSpec says; README: What listens)")
+    if odd:
+        detail += "; unexpected: " + ", ".join(x.text() for x in odd)
+    return Check("exposure", not odd, detail,
+                 "" if not odd else "report this: only TF gRPC servers should listen beyond "
+                 "loopback on the local profile")
+
+
+def check_tf_cluster(cc, timeout: float,
+                     while_up: Callable[[set[int]], None] | None = None) -> Check:
     """1 ps + 1 worker on the engines (on different ranks when there are two): both answer,
-    and one training step on the worker moves the variable that lives on the ps."""
+    and one training step on the worker moves the variable that lives on the ps.
+    ``while_up(ports)`` runs while the servers are up (the exposure check)."""
     from .. import tf_dist
 
     name = "tf parameter server"
@@ -124,6 +152,8 @@ def check_tf_cluster(cc, timeout: float) -> Check:
         ready = time.perf_counter() - t0
         w = cc.run_on(tfc.rank_of("worker", 0), tf_dist.graph_v1._engine_one_step, timeout=60)
         ok = abs(w - 0.6) < 1e-5
+        if while_up is not None:
+            while_up({int(a.rsplit(":", 1)[1]) for job in tfc.cluster.values() for a in job})
         detail = (f"ps:0 on rank {tfc.rank_of('ps', 0)}, worker:0 on rank "
                   f"{tfc.rank_of('worker', 0)} answered in {ready:.1f} s; one step moved w "
                   f"0 -> {w:.3f} (want 0.600) in {time.perf_counter() - t0:.1f} s")
