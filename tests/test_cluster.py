@@ -160,6 +160,12 @@ def test_mismatched_collective_is_reported_at_once(cluster):
     assert cluster.run(rank_sum) == [3.0, 3.0]  # the group is still usable
 
 
+def test_debug_overhead_benchmark_reports_both_modes(cluster):
+    rows = torch_dist.process_group.debug_overhead(cluster, sizes=(4,), seconds_per_size=0.2)
+    assert set(rows[4]) == {"off", "detail", "ratio"} and rows[4]["off"] > 0
+    assert cluster.run(torch_dist.process_group._engine_state)[0]["debug"] == "detail"
+
+
 def test_nccl_group_maps_cpu_tensors_to_gloo(cluster):
     assert torch_dist.pg_backend("nccl") == "cpu:gloo,cuda:nccl"
     # the mapped form, CPU side only (no GPU here): a real group built from a device map

@@ -268,6 +268,51 @@ def _engine_destroy() -> bool:
     return False
 
 
+# ---- what DETAIL mode costs --------------------------------------------------------------------
+def debug_overhead(cluster: CourseCluster | None = None,
+                   sizes: Sequence[int] = (4, 4096, 1 << 20, 64 << 20),
+                   seconds_per_size: float = 2.0) -> dict[int, dict[str, float]]:
+    """Median ``all_reduce`` latency (ms) per message size in bytes, with the group built with
+    ``debug="off"`` and ``debug="detail"``, and their ratio. A benchmark for instructors (not a
+    test): it rebuilds the process group twice and leaves it at ``$COURSE_TORCH_DEBUG``."""
+    cc = cluster or current()
+    out: dict[int, dict[str, float]] = {int(n): {} for n in sizes}
+    for level in ("off", "detail"):
+        init(cc, debug=level)
+        for n in sizes:
+            ms = cc.run(_engine_time_all_reduce, int(n), float(seconds_per_size),
+                        timeout=60 + 20 * seconds_per_size)
+            out[int(n)][level] = max(ms)  # a collective is as slow as its slowest rank
+    for row in out.values():
+        row["ratio"] = row["detail"] / row["off"] if row["off"] else float("nan")
+    init(cc)
+    return out
+
+
+def _engine_time_all_reduce(nbytes: int, budget_s: float) -> float:
+    import statistics
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(max(1, nbytes // 4))
+    dist.all_reduce(t)  # warm-up (connections, buffers)
+    times: list[float] = []
+    dist.barrier()
+    # every rank runs the same count: decided by rank 0's first timings, broadcast
+    probe = time.perf_counter()
+    dist.all_reduce(t)
+    first = time.perf_counter() - probe
+    count = torch.tensor([min(500, max(3, int(budget_s / max(first, 1e-6))))])
+    dist.broadcast(count, 0)
+    for _ in range(int(count.item())):
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
 # ---- what known torch messages mean, for the learner (kernel side) ---------------------------
 _FINGERPRINT = re.compile(
     r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\("
