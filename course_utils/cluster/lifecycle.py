@@ -174,6 +174,12 @@ class CourseCluster:
             "re-run the cell",
         )
 
+    def _forget_stack_files(self) -> None:
+        for path in self._stack_files.values():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self._stack_files = {}
+
     def where(self, engine_ids: Sequence[int] | None = None, wait: float = 1.0) -> dict[int, str]:
         """What each rank's main thread is running right now: rank -> ``"all_reduce, called
         from only_rank0 line 9"``. Reads the stacks the engines dump on a signal (engines on
@@ -186,7 +192,7 @@ class CourseCluster:
             if sig is None or not path or not self._has_engine(eid):
                 continue
             pid = self.ranks.by_engine(eid).pid
-            if not os.path.exists(path) or f"-{pid}." not in path:
+            if not os.path.exists(path) or f"-{pid}." not in path or not _is_engine(pid):
                 continue
             with contextlib.suppress(OSError):
                 size = os.path.getsize(path)
@@ -385,6 +391,7 @@ class CourseCluster:
         n = self.n
         old = set(self.client.ids)
         _stop_engines(self.cluster, kill=True)
+        self._forget_stack_files()
         _start_engines(self.cluster, self.profile, n)
         _wait_for_engines(self.cluster, self.client, n, timeout, exclude=old)
         self.flags.pop("pg_broken", None)
@@ -404,6 +411,7 @@ class CourseCluster:
             with contextlib.suppress(Exception):
                 self.client.close()
             _stop_cluster(self.cluster)
+            self._forget_stack_files()
         else:
             with contextlib.suppress(Exception):
                 self.client.close()
@@ -602,7 +610,9 @@ def _adopt_recorded_engines(cl: ipp.Cluster) -> None:
     if not path or not os.path.exists(path):
         return
     try:
-        recorded = ipp.Cluster.from_file(path, shutdown_atexit=False, log_level=logging.ERROR)
+        # CRITICAL: engines that already exited are expected here, not worth a log line
+        recorded = ipp.Cluster.from_file(path, shutdown_atexit=False,
+                                         log_level=logging.CRITICAL)
     except Exception:
         return
     for key, es in recorded.engines.items():
@@ -802,6 +812,16 @@ def _submitted(client: ipp.Client, msg_ids: Sequence[str],
                 when = when.astimezone()
             out[rec["msg_id"]] = when
     return out
+
+
+def _is_engine(pid: int) -> bool:
+    """True when ``pid`` is an ipyparallel engine (never signal a reused pid)."""
+    import psutil
+
+    try:
+        return "ipyparallel" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
 
 
 def _pid_alive(pid: int) -> bool:
