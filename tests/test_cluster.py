@@ -160,6 +160,28 @@ def test_mismatched_collective_is_reported_at_once(cluster):
     assert cluster.run(rank_sum) == [3.0, 3.0]  # the group is still usable
 
 
+@ipp.interactive
+def ddp_step() -> float:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(dist.get_rank())  # different start: DDP must broadcast rank 0's weights
+    ddp = DDP(torch.nn.Linear(4, 3))
+    F.mse_loss(ddp(torch.ones(2, 4) * dist.get_rank()), torch.zeros(2, 3)).backward()
+    return float(ddp.module.weight.grad.sum())
+
+
+def test_ddp_works_on_a_detail_mode_group(cluster):
+    # torch 2.14.1 segfaults building DDP on a DETAIL-wrapped group; the course gives DDP a twin
+    assert torch_dist.init(cluster)["debug"] == "detail"
+    grads = cluster.run(ddp_step, timeout=60)
+    assert grads[0] == grads[1]  # averaged over ranks
+    with pytest.raises(CollectiveMismatch):  # the learner's own collectives are still checked
+        cluster.run(reduce_rank_sized, timeout=20)
+
+
 def test_debug_overhead_benchmark_reports_both_modes(cluster):
     rows = torch_dist.process_group.debug_overhead(cluster, sizes=(4,), seconds_per_size=0.2)
     assert set(rows[4]) == {"off", "detail", "ratio"} and rows[4]["off"] > 0
