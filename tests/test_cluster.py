@@ -265,6 +265,14 @@ t0 = time.perf_counter()
 cc = cu.start(cluster_id=sys.argv[1])
 print(f"second kernel: connected in {time.perf_counter() - t0:.1f} s, owned={cc.owned}, "
       f"engines {cc.ranks.engine_ids}")
+try:
+    cc.run(os.getpid, timeout=2)
+except cu.CourseError as err:  # waits behind the other kernel's job: says so, no "restart"
+    print(f"second kernel, short call: {type(err).__name__}: {err}")
+try:
+    cu.restart()
+except cu.CourseError as err:  # would kill the other kernel's job: refused
+    print(f"second kernel, restart: {type(err).__name__}: {err}")
 pids = cc.run(os.getpid, timeout=60)  # queues behind the first kernel's job
 print(f"second kernel: its call ran after {time.perf_counter() - t0:.1f} s on pids {pids}")
 cc.stop()  # a kernel that did not start the cluster only disconnects
@@ -285,15 +293,17 @@ def test_second_kernel_joins_a_busy_cluster_without_stopping_it(cluster):
     job = cluster.client[cluster.ranks.engine_ids].apply_async(long_job, 22)
     time.sleep(2)
     t0 = time.perf_counter()
-    second = subprocess.Popen([sys.executable, "-c", SECOND_KERNEL, CID], text=True,
+    second = subprocess.Popen([sys.executable, "-u", "-c", SECOND_KERNEL, CID], text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     first_line = second.stdout.readline()  # printed while the first kernel's job runs
     print(first_line, end="")
     assert "queue behind it" in first_line and time.perf_counter() - t0 < 15
-    rest, _ = second.communicate(timeout=90)
+    rest = second.stdout.read()  # every call in the script has a timeout
     print(rest, end="")
-    assert second.returncode == 0, rest
+    assert second.wait(timeout=30) == 0, rest
     assert "owned=False" in rest and f"on pids {pids}" in rest
+    assert "are running another notebook's cell" in rest and "do not restart" in rest
+    assert "restarting them now would kill its work" in rest
     assert job.get(timeout=60) == pids  # the first kernel's job finished on the same engines
     assert all(alive(p) for p in pids) and cluster.ping()
 

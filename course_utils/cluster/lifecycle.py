@@ -132,6 +132,14 @@ class CourseCluster:
             pending = [(eid, mid) for eid, mid, done in
                        zip(ar._targets, ar.msg_ids, _done_flags(ar), strict=False) if not done]
             ranks = [self.ranks.by_engine(e).rank for e, _ in pending if self._has_engine(e)]
+            behind = self._behind_others([m for _, m in pending])
+            if behind is not None:  # queued behind another notebook's cell: nothing is stuck
+                raise ClusterTimeout(
+                    f"{what} did not start within {timeout:g} s: ranks {ranks} are running "
+                    f"another notebook's cell (for {behind:.0f} s) and this call waits behind it",
+                    "wait for that cell to finish (or interrupt it in its notebook), then re-run "
+                    "this cell; do not restart: that would kill the other notebook's work",
+                ) from None
             where = self.where([e for e, _ in pending])
             self._stuck = {"ranks": ranks, "what": what, "since": time.time() - timeout,
                            "msg_ids": [m for _, m in pending], "where": where}
@@ -148,6 +156,47 @@ class CourseCluster:
             if isinstance(err, ProcessGroupGone):
                 self.flags["pg_broken"] = True
             raise err from exc
+
+    def _others_since(self, msg_ids: Sequence[str]) -> float | None:
+        """Seconds since the oldest of ``msg_ids`` that *another* client submitted was
+        submitted; None when all of them are this kernel's."""
+        if not msg_ids:
+            return None
+        records = _records(self.client, msg_ids, ["client_uuid", "submitted"])
+        mine = self.client.session.session
+        others = [r for r in records if r.get("client_uuid") not in (None, mine)]
+        if not others:
+            return None
+        now = datetime.datetime.now(datetime.UTC)
+        times = [r["submitted"] for r in others
+                 if isinstance(r.get("submitted"), datetime.datetime)]
+        return (now - min(times)).total_seconds() if times else 0.0
+
+    def _behind_others(self, msg_ids: Sequence[str]) -> float | None:
+        """How long another notebook's task ahead of ``msg_ids`` has been queued or running
+        (None: what runs ahead of them is this kernel's own)."""
+        try:
+            status = _queue_status(self.client, timeout=5)
+            ahead = []
+            for q in status.values():
+                queue = list(q.get("queue", [])) if isinstance(q, dict) else []
+                for mid in msg_ids:
+                    if mid in queue:
+                        ahead += queue[:queue.index(mid)]
+            return self._others_since(ahead)
+        except Exception:
+            return None
+
+    def _running_others(self) -> float | None:
+        """How long another notebook's task has been running on an engine of this cluster."""
+        try:
+            status = _queue_status(self.client, timeout=5)
+            registered = set(self.client.ids)
+            heads = [q["queue"][0] for eid, q in status.items()
+                     if eid in registered and isinstance(q, dict) and q.get("queue")]
+            return self._others_since(heads)
+        except Exception:
+            return None
 
     def _check_stuck(self) -> None:
         """Fail at once, naming the cure, while ranks still run a call that timed out: a new
@@ -384,10 +433,21 @@ class CourseCluster:
                 ip.run_line_magic("pxconfig", "--progress-after -1")
 
     # ---- lifecycle ---------------------------------------------------------------------
-    def restart(self, timeout: float | None = None) -> CourseCluster:
+    def restart(self, timeout: float | None = None, force: bool = False) -> CourseCluster:
         """Replace every engine (the only cure for a rank stuck in a collective), then re-run
-        the restart hooks so the process group comes back. Engines get new ids."""
+        the restart hooks so the process group comes back. Engines get new ids.
+
+        Refuses while the engines run another notebook's cell (that would kill its work),
+        unless ``force``."""
         timeout = settings.start_timeout() if timeout is None else timeout
+        others = None if force else self._running_others()
+        if others is not None:
+            raise ClusterTimeout(
+                f"the engines are running another notebook's cell (for {others:.0f} s); "
+                "restarting them now would kill its work",
+                "wait for that cell to finish (or interrupt it in its notebook); if it is "
+                "stuck for good, run cu.restart(force=True)",
+            )
         n = self.n
         old = set(self.client.ids)
         _stop_engines(self.cluster, kill=True)
@@ -481,9 +541,9 @@ def stop(force: bool = False) -> None:
         _current.stop(force=force)
 
 
-def restart(timeout: float | None = None) -> CourseCluster:
+def restart(timeout: float | None = None, force: bool = False) -> CourseCluster:
     """Replace the engines of the current cluster; see :meth:`CourseCluster.restart`."""
-    return current().restart(timeout=timeout)
+    return current().restart(timeout=timeout, force=force)
 
 
 def stop_running(cluster_id: str | None = None) -> bool:
@@ -789,29 +849,35 @@ def _queue_status(client: ipp.Client, timeout: float = 5.0) -> dict[Any, Any]:
                                       {"targets": None, "verbose": True}, timeout))
 
 
+def _records(client: ipp.Client, msg_ids: Sequence[str], keys: Sequence[str],
+             timeout: float = 5.0) -> list[dict[str, Any]]:
+    """Task records from the controller's database; dates as aware datetimes."""
+    from ipyparallel import util
+
+    body = _hub_request(client, "db_request", {
+        "query": {"msg_id": {"$in": list(msg_ids)}}, "keys": ["msg_id", *keys]}, timeout)
+    out = []
+    for rec in body.get("records", []):
+        for key in ("submitted", "started", "completed"):
+            when = rec.get(key)
+            if isinstance(when, str):
+                with contextlib.suppress(Exception):
+                    when = util._parse_date(when)
+            if isinstance(when, datetime.datetime):
+                rec[key] = when if when.tzinfo else when.astimezone()
+        out.append(rec)
+    return out
+
+
 def _submitted(client: ipp.Client, msg_ids: Sequence[str],
                timeout: float = 5.0) -> dict[str, datetime.datetime]:
     """When the controller received each task (its task database), as aware datetimes."""
-    from ipyparallel import util
-
     try:
-        body = _hub_request(client, "db_request", {
-            "query": {"msg_id": {"$in": list(msg_ids)}}, "keys": ["msg_id", "submitted"]},
-            timeout)
+        records = _records(client, msg_ids, ["submitted"], timeout)
     except Exception:
         return {}
-    out = {}
-    for rec in body.get("records", []):
-        when = rec.get("submitted")
-        if isinstance(when, str):
-            with contextlib.suppress(Exception):
-                when = util._parse_date(when) if hasattr(util, "_parse_date") else \
-                    datetime.datetime.fromisoformat(when)
-        if isinstance(when, datetime.datetime):
-            if when.tzinfo is None:
-                when = when.astimezone()
-            out[rec["msg_id"]] = when
-    return out
+    return {r["msg_id"]: r["submitted"] for r in records
+            if isinstance(r.get("submitted"), datetime.datetime)}
 
 
 def _is_engine(pid: int) -> bool:
