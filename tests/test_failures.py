@@ -171,3 +171,21 @@ def test_data_dir_prefers_the_checkout_then_the_installed_copy(tmp_path, monkeyp
     fake.mkdir(parents=True)
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     assert settings.data_dir("nowhere-in-checkout") == fake
+
+
+def test_stale_stack_files_are_removed_live_ones_kept():
+    import os
+    import subprocess
+    from pathlib import Path
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, live = Path(engine.stack_file(gone.pid)), Path(engine.stack_file(os.getpid()))
+    dead.write_text("x")
+    live.write_text("x")
+    try:
+        assert engine.remove_stale_stack_files() >= 1
+        assert not dead.exists() and live.exists()
+    finally:
+        live.unlink(missing_ok=True)
+        dead.unlink(missing_ok=True)

@@ -5,6 +5,7 @@ The cluster layer calls these through ipyparallel; learners never call them dire
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -91,6 +92,26 @@ def enable_stack_dump() -> str | None:
         faulthandler.register(STACK_SIGNAL, file=out, all_threads=True, chain=False)
         _STACK_OUT.append(out)
     return _STACK_OUT[0].name
+
+
+def remove_stale_stack_files() -> int:
+    """Delete this user's stack files whose engine process is gone (engines are killed, so
+    they cannot clean up after themselves). Returns how many were removed."""
+    import glob
+
+    removed = 0
+    pattern = os.path.join(tempfile.gettempdir(), f"course-stack-{os.getuid()}-*.txt")
+    for path in glob.glob(pattern):
+        try:
+            pid = int(path.rsplit("-", 1)[1].split(".")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed += 1
+        except (ValueError, PermissionError):
+            continue
+    return removed
 
 
 _FH_FRAME = re.compile(r'^\s*File "(?P<file>.+?)", line (?P<line>\d+) in (?P<func>\S+)')

@@ -420,6 +420,8 @@ class CourseCluster:
         self.rank_map = rank_map
         self._stuck = None
         _write_course_file(self, rank_map)
+        with contextlib.suppress(Exception):
+            engine.remove_stale_stack_files()
         return rank_map
 
     def activate(self) -> None:
@@ -656,6 +658,8 @@ def _stop_cluster(cl: ipp.Cluster) -> None:
     """
     _adopt_recorded_engines(cl)
     _stop_engines(cl)
+    with contextlib.suppress(Exception):
+        engine.remove_stale_stack_files()
     with contextlib.suppress(Exception):
         cl.stop_controller_sync()
     with contextlib.suppress(Exception):
