@@ -160,6 +160,31 @@ def test_mismatched_collective_is_reported_at_once(cluster):
     assert cluster.run(rank_sum) == [3.0, 3.0]  # the group is still usable
 
 
+def test_px_cell_errors_show_the_course_summary(cluster, monkeypatch):
+    """In a real notebook kernel: a %%px cell's error keeps ipyparallel's name (graders read
+    it) but shows the ranks, the learner's lines and the fix."""
+    import re
+
+    from nbclient import NotebookClient
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    monkeypatch.setenv("COURSE_CLUSTER_ID", CID)  # the kernel joins this test's cluster
+    nb = new_notebook(cells=[
+        new_code_cell("import course_utils as cu\ncluster = cu.start()\ncu.init_torch()"),
+        new_code_cell("%%px\nimport torch, torch.distributed as dist\n"
+                      "t = torch.ones(2 + rank)\ndist.all_reduce(t)"),
+    ])
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
+    err = next(o for o in nb.cells[1].outputs if o.output_type == "error")
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err.traceback))
+    print(shown)
+    assert err.ename == "CompositeError"
+    assert shown.startswith("CollectiveMismatch: ") and "rank 1: all_reduce, shape [3]" in shown
+    # the engine runs the cell without its %%px line
+    assert re.search(r"Cell In\[\d+\], line 3, in <module>: dist.all_reduce\(t\)", shown)
+    assert "site-packages" not in shown
+
+
 @ipp.interactive
 def ddp_step() -> float:
     import torch

@@ -433,6 +433,7 @@ class CourseCluster:
             self.view.activate()
             with contextlib.suppress(Exception):
                 ip.run_line_magic("pxconfig", "--progress-after -1")
+            _show_engine_errors_plainly(ip)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def restart(self, timeout: float | None = None, force: bool = False) -> CourseCluster:
@@ -572,6 +573,29 @@ def _ipython() -> Any:
         return get_ipython()
     except ImportError:
         return None
+
+
+def _show_engine_errors_plainly(ip: Any) -> None:
+    """``%%px`` cells (and raw ipyparallel calls) that fail show the course's summary: ranks
+    grouped, the learner's lines, known torch messages explained, the fix. The error's name
+    and value stay ipyparallel's (``CompositeError``), which graders and nbval read."""
+    if getattr(ip, "_course_px_errors", False):
+        return
+
+    def handler(shell: Any, etype: Any, value: Any, tb: Any, tb_offset: Any = None) -> list[str]:
+        cc = _current
+        if cc is None:
+            stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+        else:
+            err = _engine_error(value, cc)
+            if isinstance(err, ProcessGroupGone):
+                cc.flags["pg_broken"] = True
+            stb = [f"\x1b[31m{type(err).__name__}\x1b[0m: {err.cause}", f"Fix: {err.fix}"]
+        shell._showtraceback(etype, value, stb)  # IPython leaves the display to the handler
+        return stb
+
+    ip.set_custom_exc((ipp.error.CompositeError, ipp.error.RemoteError), handler)
+    ip._course_px_errors = True
 
 
 def _set_hook(table: dict[str, Any], key: str, hook: Any) -> None:
