@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -112,6 +113,27 @@ def test_rate_units_and_run_names():
     assert th._run_of("eth0") is None
 
 
+def test_without_root_the_rig_skips_and_under_ci_fails(monkeypatch):
+    monkeypatch.setattr(th.os, "geteuid", lambda: 1000)
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="needs root"):
+        with th.rig_or_skip():
+            pass
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="unavailable in CI: .*needs root"):
+        with th.rig_or_skip():
+            pass
+
+
+def test_missing_openssh_names_the_install_command(monkeypatch):
+    if os.geteuid() != 0:
+        pytest.skip("the check runs past the root check only as root")
+    monkeypatch.setattr(th, "SSHD", "/nonexistent/sshd")
+    reason = th.prerequisites(install=False)
+    assert "/nonexistent/sshd" in reason and "apt-get install" in reason, reason
+    assert "COURSE_TEST_INSTALL=1" in reason
+
+
 def test_ssh_lands_in_each_host(rig: TwoHostRig):
     outside = root_addresses()
     for name in rig.names:
@@ -142,6 +164,29 @@ def test_host_a_reaches_host_b(rig: TwoHostRig, echo_b):
     r = echo_from(rig, "a", echo_b, size=1000, count=3)
     assert r["ok"], f"a could not reach b's echo server at {echo_b}: {r}"
     assert len(r["times"]) == 3
+
+
+def test_hosts_reach_the_controller_address_and_nothing_outside(rig: TwoHostRig):
+    # The kernel/controller side: a listener in this (root) namespace on the bridge address.
+    srv = socket.create_server((rig.controller_ip, 0))
+    port = srv.getsockname()[1]
+
+    def echo_once() -> None:
+        c, _ = srv.accept()
+        with c:
+            c.sendall(c.recv(16))
+
+    t = threading.Thread(target=echo_once, daemon=True)
+    t.start()
+    try:
+        r = echo_from(rig, "b", (rig.controller_ip, port))
+        assert r["ok"], f"b could not reach the controller address {rig.controller_ip}: {r}"
+    finally:
+        srv.close()
+        t.join(timeout=5)
+    for addr in root_addresses():  # no route out of a host: the machine's own addresses
+        r = echo_from(rig, "a", (addr, 22), timeout=1.0)
+        assert not r["ok"] and "unreachable" in r["error"], f"a reached {addr}: {r}"
 
 
 def test_rate_shaping_slows_a_bulk_echo(rig: TwoHostRig, echo_b):

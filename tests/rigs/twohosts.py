@@ -124,9 +124,12 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def _die_with_parent() -> None:  # preexec_fn: SIGTERM this child when the rig's process dies
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not between fork and exec
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when the thread that started it ends (a killed run)."""
+    _prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
 @contextlib.contextmanager
@@ -202,7 +205,8 @@ def prerequisites(install: bool | None = None) -> str | None:
                 install_openssh()
             except RigUnavailable as e:
                 return str(e)
-            return prerequisites(install=False)
+            still = prerequisites(install=False)
+            return still and f"installed openssh-server, but: {still}"
         return (
             f"OpenSSH is missing ({', '.join(missing)}); run `{INSTALL_CMD}`, "
             "or set COURSE_TEST_INSTALL=1 to let the tests install it"
@@ -421,7 +425,11 @@ class TwoHostRig:
         return sh(self._exec(h, cmd), timeout=timeout, check=check)
 
     def popen(self, h: str | Host, cmd: str | Sequence[str], **kw) -> subprocess.Popen:
-        """Start ``cmd`` inside host ``h``'s namespace; teardown stops it."""
+        """Start ``cmd`` inside host ``h``'s namespace; teardown stops it.
+
+        The child gets SIGTERM when the calling thread ends (``preexec_fn=None`` turns that off):
+        call it from a thread that lives as long as the rig.
+        """
         kw.setdefault("preexec_fn", _die_with_parent)
         p = subprocess.Popen(self._exec(h, cmd), **kw)
         self._procs.append(p)
@@ -444,7 +452,8 @@ class TwoHostRig:
         try:
             self._build()
         except BaseException:
-            self.teardown()
+            with contextlib.suppress(RigError):  # keep the build error; clean_stale gets the rest
+                self.teardown()
             raise
         return self
 
@@ -608,6 +617,7 @@ class TwoHostRig:
                 p.wait(timeout=timeout)
 
     def sshd_running(self, h: str | Host) -> bool:
+        """Whether host ``h``'s listening sshd (started by this rig) is alive."""
         p = self._sshd.get(self.host(h).name)
         return p is not None and p.poll() is None
 
@@ -702,15 +712,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m tests.rigs.twohosts [hold|clean]``: build a rig and keep it, or clean stale."""
     args = list(sys.argv[1:] if argv is None else argv) or ["hold"]
     if args[0] == "clean":
-        print("removed stale runs:", clean_stale() or "none")
+        print("removed stale runs:", ", ".join(clean_stale()) or "none")
         return 0
     if args[0] != "hold":
         print(main.__doc__)
         return 2
+
+    def stop(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
     with TwoHostRig() as rig:
-        print(rig.describe(), flush=True)
+        print(rig.describe(), "\nCtrl-C (or SIGTERM) removes it.", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
-            signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
             while True:
                 time.sleep(3600)
     return 0
