@@ -155,6 +155,7 @@ def headless_chromium(*, window: tuple[int, int] = WINDOW_SIZE, page_load_timeou
     profile = tempfile.mkdtemp(prefix="course-chromium-")
     opts = webdriver.ChromeOptions()
     opts.binary_location = str(CHROMIUM)
+    opts.unhandled_prompt_behavior = "accept"  # e.g. "leave page?" after running a notebook
     args = ["--headless=new", "--disable-dev-shm-usage", f"--window-size={window[0]},{window[1]}",
             f"--user-data-dir={profile}", "--no-first-run", "--no-default-browser-check",
             "--disable-extensions", "--disable-background-networking", "--disable-sync",
