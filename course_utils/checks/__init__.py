@@ -6,8 +6,15 @@ function under observation and returns plain data for the test cell's asserts.
 
 from __future__ import annotations
 
-from .collectives import engine_check_all_reduce, engine_check_point_to_point_only
-from .training import engine_check_checkpoint
+from .collectives import (
+    engine_check_all_reduce,
+    engine_check_point_to_point_only,
+    learner_line,
+    ring_problem,
+)
+from .feedback import feedback
+from .training import dp_step_problem, engine_check_checkpoint, engine_check_dp_step
 
-__all__ = ["engine_check_all_reduce", "engine_check_checkpoint",
-           "engine_check_point_to_point_only"]
+__all__ = ["dp_step_problem", "engine_check_all_reduce", "engine_check_checkpoint",
+           "engine_check_dp_step", "engine_check_point_to_point_only", "feedback",
+           "learner_line", "ring_problem"]

@@ -4,13 +4,15 @@ Record on the engines, ``cluster.pull`` the arrays, then plot here (so figures a
 without engines and can be replayed in slides). Each function returns a matplotlib ``Figure``.
 Introduced in ``01_collectives`` (``per_rank_tensors``, ``bandwidth_bars``),
 ``02_data_parallel_from_scratch`` (``replica_divergence``) and ``03_pytorch_ddp``
-(``per_rank_curves``).
+(``per_rank_curves``). Pictures of the learner's own cluster and step (:mod:`.pictures`):
+``cluster_picture`` (``00_cluster_tour``), ``data_parallel_picture`` (``02``).
 """
 
 from __future__ import annotations
 
 from .collectives import bandwidth_bars, per_rank_tensors, ring_trace
+from .pictures import cluster_picture, data_parallel_picture
 from .training import per_rank_curves, replica_divergence
 
-__all__ = ["bandwidth_bars", "per_rank_curves", "per_rank_tensors", "replica_divergence",
-           "ring_trace"]
+__all__ = ["bandwidth_bars", "cluster_picture", "data_parallel_picture", "per_rank_curves",
+           "per_rank_tensors", "replica_divergence", "ring_trace"]
