@@ -12,8 +12,9 @@ from .collectives import (
     learner_line,
     ring_problem,
 )
+from .data_parallel import dp_step_problem, engine_check_dp_step
 from .feedback import feedback
-from .training import dp_step_problem, engine_check_checkpoint, engine_check_dp_step
+from .training import engine_check_checkpoint
 
 __all__ = ["dp_step_problem", "engine_check_all_reduce", "engine_check_checkpoint",
            "engine_check_dp_step", "engine_check_point_to_point_only", "feedback",
