@@ -117,8 +117,10 @@ def ring_problem(results: list[dict[str, Any]], fn_name: str = "ring_all_reduce"
     elif n % p:
         shape_hint = (f" n={n} does not divide by p={p}: chunks differ in size by one; take every"
                       " chunk's bounds from chunk_bounds(n, p), never n // p.")
-    restart = (" Unfinished messages of this attempt are still queued in the process group: "
-               "run cluster = cu.restart(), then re-run the cells from Setup.")
+    restart = (" (The check ran your messages on a throwaway group, so the course's process "
+               "group is unharmed. Run outside the check, the same code blocks for the group's "
+               "whole timeout and leaves its messages queued in the group: then run "
+               "cluster = cu.restart() and re-run the cells from Setup.)")
     errors = [r for r in results if r.get("error")]
     stuck = [r for r in results if r.get("stuck")]
     waiting = "; ".join(
@@ -133,7 +135,11 @@ def ring_problem(results: list[dict[str, Any]], fn_name: str = "ring_all_reduce"
         if len(errors) > 1:
             found += f"; ranks {[r['rank'] for r in errors]} raised errors"
         fix = "read the error and the line above." + shape_hint
-        if "isend/irecv only" in first["error"]:
+        if "pair closure" in first["error"] or "connection closed" in first["error"].lower():
+            fix = ("the process group lost a connection after an earlier timeout (a stuck "
+                   "send/recv or collective): it must be rebuilt. Run cluster = cu.restart(), "
+                   "re-run the cells from Setup, then this test.")
+        elif "isend/irecv only" in first["error"]:
             fix = ("build the sum from dist.isend/dist.irecv only: no dist.all_reduce, "
                    "reduce_scatter, all_gather, broadcast or reduce inside your function.")
         if stuck:

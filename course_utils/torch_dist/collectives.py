@@ -117,7 +117,9 @@ class P2PStuck(RuntimeError):
             "when the receiving rank has posted the matching recv, at any message size. If "
             "every rank is stuck in a send, it is a send/recv deadlock: post both sides with "
             "dist.isend/dist.irecv and then wait() on both (or let even ranks send first and odd "
-            "ranks receive first). The unfinished messages stay queued in the process group: "
+            "ranks receive first). The watchdog ran these messages on a throwaway group, so the "
+            "course's process group is unharmed; the same code run without the watchdog blocks "
+            "for the group's whole timeout and leaves its messages queued in the group: then "
             "run cluster = cu.restart() and re-run the cells from Setup.")
 
     def as_dict(self) -> dict[str, Any]:
@@ -140,13 +142,16 @@ class _TimedWork:
 
 @contextlib.contextmanager
 def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
-    """Inside the block, ``dist.send``/``dist.recv`` and the ``wait()`` of requests from
-    ``dist.isend``/``dist.irecv`` raise :class:`P2PStuck` after ``seconds`` instead of
-    blocking until the process group's timeout. Engine side; introduced in ``01_collectives``.
+    """*Collective* (every rank enters it). Inside the block, ``dist.send``/``dist.recv`` and
+    the ``wait()`` of requests from ``dist.isend``/``dist.irecv`` raise :class:`P2PStuck`
+    after ``seconds`` instead of blocking until the process group's timeout. Engine side;
+    introduced in ``01_collectives``.
 
-    Nothing else changes: a blocking ``send`` still waits for its matching ``recv`` (it is
-    ``isend`` + ``wait``, which is what gloo does too), so a deadlocking ring still deadlocks,
-    but it says so within ``seconds``.
+    The messages travel on a throwaway group of all ranks (made on entry, destroyed on exit):
+    gloo closes a connection whose wait timed out, and the course's process group must not
+    lose its connections to a learner's deadlock. Nothing else changes: a blocking ``send``
+    still waits for its matching ``recv`` (it is ``isend`` + ``wait``, which is what gloo does
+    too), so a deadlocking ring still deadlocks, but it says so within ``seconds``.
     """
     import datetime
 
@@ -157,6 +162,7 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
     rank = dist.get_rank()
     count = [0]
     limit = datetime.timedelta(seconds=seconds)
+    scratch = dist.new_group(timeout=datetime.timedelta(seconds=max(seconds, 1.0) + 30))
 
     def waiter(call: str, peer: int | None, tensor: Any, number: int
                ) -> Callable[[Any, Any], Any]:
@@ -164,7 +170,10 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
             try:
                 return work.wait(timeout=limit if timeout is None else timeout)
             except RuntimeError as exc:
-                if "timed out" not in str(exc).lower():
+                # gloo: "Timed out waiting ...", or, once the peer's own wait timed out and
+                # closed the connection, "Application timeout caused pair closure".
+                text = str(exc).lower()
+                if not any(k in text for k in ("timed out", "timeout", "closed", "reset")):
                     raise
                 raise P2PStuck(rank, call, peer, int(tensor.numel() * tensor.element_size()),
                                number, seconds) from None
@@ -173,6 +182,8 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
     def post(call: str, tensor: Any, peer: int | None, *args: Any, **kwargs: Any) -> Any:
         count[0] += 1
         real = saved["isend" if "send" in call else "irecv"]
+        if not args and kwargs.get("group") is None:
+            kwargs["group"] = scratch   # peer stays a global rank: the same in this group
         work = real(tensor, peer, *args, **kwargs)
         return work, waiter(call, peer, tensor, count[0])
 
@@ -200,6 +211,12 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
+        # Leave together: a rank that finished must not tear the group down under a neighbour
+        # still waiting on it (that neighbour would see "connection closed", not its timeout).
+        with contextlib.suppress(Exception):
+            dist.barrier(group=scratch, async_op=True).wait(
+                timeout=datetime.timedelta(seconds=seconds + 5))
+        dist.destroy_process_group(scratch)
 
 
 def engine_time(fn: Callable[[], Any], iters: int = 5, warmup: int = 1) -> float:
