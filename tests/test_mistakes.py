@@ -185,7 +185,8 @@ def test_mistake_fails_its_own_test_with_the_fix(path, session_for):
     mutated = with_solution(copy.deepcopy(session.nb), mod.GRADE_ID, mod.BODY)
     s, f = index_of(mutated, mod.GRADE_ID), index_of(mutated, mod.FAILS)
     session.run_original(s)
-    assert not session.failed_tests, f"graded tests failed before the mistake: {session.failed_tests}"
+    assert not session.failed_tests, (
+        f"graded tests failed before the mistake: {session.failed_tests}")
 
     earlier_failed, result, seconds = [], [], 0.0
     for i in range(s, f + 1):
