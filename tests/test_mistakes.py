@@ -3,12 +3,12 @@ each typical learner mistake, planted in its solution cell, must fail the graded
 it, with a message naming the fix, within ``WITHIN_S`` seconds, while no earlier graded test
 fails.
 
-Speed: one kernel per notebook, all on one cluster (the first kernel starts it, the others
-connect, as under ``course lab``). Cells before the mistake's solution cell run
-once in their original form; for each mistake only the mutated solution cell and the cells up
-to its failing test run. A mistake can leave the process group with unfinished messages (that is
-what the learner meets too): before the next mistake a probe checks the group, and if it is
-unusable the engines are restarted and the notebook's cells re-run from the top.
+Speed: one kernel and one cluster for the whole catalogue (mistakes are sorted by notebook).
+Cells before a mistake's solution cell run once per notebook in their original form; for each
+mistake only the mutated solution cell and the cells up to its failing test run. A mistake can
+leave the process group with unfinished messages (that is what the learner meets too): before
+the next mistake a probe checks the group, and if it is unusable the engines are restarted and
+the notebook's cells re-run from the top.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from course_utils.instructor.grading import (
 
 MISTAKE_DIR = Path(__file__).parent / "mistakes"
 MISTAKES = sorted(MISTAKE_DIR.glob("u*.py"))
+MISTAKES_NOTEBOOKS = sorted({p.name for p in NOTEBOOK_DIR.glob("*.ipynb")})
 FIELDS = ("NOTEBOOK", "GRADE_ID", "BODY", "FAILS", "MESSAGE", "WITHIN_S")
 
 PROBE = '''
@@ -93,30 +94,35 @@ def errors_of(cell) -> list[str]:
             if o.get("output_type") == "error"]
 
 
-class NotebookSession:
-    """One kernel executing one notebook's cells on demand; ``done`` leading cells ran in
-    their original form."""
+class Kernel:
+    """One kernel (and one cluster) for the whole catalogue. ``notebook`` is the notebook whose
+    first ``done`` cells ran in their original form; switching notebooks runs the next one from
+    its top, like "Run all" in a kernel that already ran the previous unit."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self) -> None:
         from nbclient import NotebookClient
 
-        self.name = name
-        self.nb = read(NOTEBOOK_DIR / name)
-        self.client = NotebookClient(copy.deepcopy(self.nb), timeout=300, allow_errors=True,
-                                     kernel_name="python3",
+        self.client = NotebookClient(read(NOTEBOOK_DIR / MISTAKES_NOTEBOOKS[0]), timeout=300,
+                                     allow_errors=True, kernel_name="python3",
                                      resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
         self.stack = contextlib.ExitStack()
         env = {**os.environ, "COURSE_CLUSTER_ID": f"mistakes-{os.getpid()}"}
         self.stack.enter_context(self.client.setup_kernel(env=env))
-        self.done = 0
+        self.notebook, self.nb, self.done = "", None, 0
         self.used = False
         self.failed_tests: list[str] = []
+        self.errors: list[str] = []
+
+    def open(self, name: str) -> None:
+        if name != self.notebook:
+            self.notebook, self.nb, self.done = name, read(NOTEBOOK_DIR / name), 0
+            self.failed_tests, self.errors = [], []
 
     def execute(self, cell, index: int) -> tuple[list[str], float]:
         cell = copy.deepcopy(cell)
         cell.outputs = []
         t0 = time.perf_counter()
-        self.client.execute_cell(cell, index)
+        self.client.execute_cell(cell, 0)   # the index only names a slot in the client's copy
         return errors_of(cell), time.perf_counter() - t0
 
     def run_original(self, upto: int) -> None:
@@ -126,6 +132,8 @@ class NotebookSession:
             if cell.cell_type != "code" or "teardown" in nbgrader_meta(cell).get("grade_id", ""):
                 continue
             errs, _ = self.execute(cell, i)
+            if errs:   # a lesson cell's error explains a graded test's failure below it
+                self.errors.append(f"{nbgrader_meta(cell)['grade_id']}: {errs[0][:300]}")
             if errs and is_test_cell(cell):
                 self.failed_tests.append(f"{nbgrader_meta(cell)['grade_id']}: {errs[0][:200]}")
         self.done = max(self.done, upto)
@@ -135,33 +143,24 @@ class NotebookSession:
         from nbformat.v4 import new_code_cell
 
         probe = new_code_cell(PROBE)
-        self.client.execute_cell(probe, 0)   # the index only names a slot in the client's copy
+        self.client.execute_cell(probe, 0)
         said = "".join(o.get("text", "") for o in probe.outputs if o.get("name") == "stdout")
         if "clean" not in said:
             self.done = 0
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            for i, cell in enumerate(self.nb.cells):
+            for i, cell in enumerate(self.nb.cells if self.nb else []):
                 if "teardown" in nbgrader_meta(cell).get("grade_id", ""):
                     self.execute(cell, i)
         self.stack.close()
 
 
 @pytest.fixture(scope="module")
-def session_for():
-    holder: dict[str, NotebookSession] = {}
-
-    def get(name: str) -> NotebookSession:
-        # The first kernel starts the cluster; the next notebooks' kernels connect to it, as
-        # they do under `course lab`, so engines start (and import torch) once.
-        if name not in holder:
-            holder[name] = NotebookSession(name)
-        return holder[name]
-
-    yield get
-    for s in reversed(list(holder.values())):   # the kernel that started the cluster: last
-        s.close()
+def kernel():
+    k = Kernel()
+    yield k
+    k.close()
 
 
 def test_catalogue_files_are_well_formed():
@@ -176,17 +175,19 @@ def test_catalogue_files_are_well_formed():
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("path", MISTAKES, ids=[p.stem for p in MISTAKES])
-def test_mistake_fails_its_own_test_with_the_fix(path, session_for):
+def test_mistake_fails_its_own_test_with_the_fix(path, kernel):
     mod = load(path)
-    session = session_for(mod.NOTEBOOK)
+    session = kernel
     if session.used:
         session.make_clean()
     session.used = True
+    session.open(mod.NOTEBOOK)
     mutated = with_solution(copy.deepcopy(session.nb), mod.GRADE_ID, mod.BODY)
     s, f = index_of(mutated, mod.GRADE_ID), index_of(mutated, mod.FAILS)
     session.run_original(s)
     assert not session.failed_tests, (
-        f"graded tests failed before the mistake: {session.failed_tests}")
+        f"graded tests failed before the mistake: {session.failed_tests}; cell errors: "
+        f"{session.errors}")
 
     earlier_failed, result, seconds = [], [], 0.0
     for i in range(s, f + 1):
