@@ -124,12 +124,9 @@ def test_every_unit_reference_points_to_a_notebook(path):
 
 
 SEED_ALLOWED = re.compile(r"random seeds?|\w*seed\w*\s*=|\w+_seed\w*|seed_\w+", re.IGNORECASE)
-#: Notebooks already free of our internal word; the others are being renamed on another branch.
-SEED_FREE = ("00_", "01_", "02_")
 
 
-@pytest.mark.parametrize("path", [p for p in source_notebooks() if p.name.startswith(SEED_FREE)],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("path", source_notebooks(), ids=lambda p: p.name)
 def test_seed_only_means_a_random_seed(path):
     """Learners meet "the original program", never our internal word for it; "seed" is only
     ever a random seed (``seed=0``, ``init_seed``, "random seed")."""
