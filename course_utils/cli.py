@@ -4,6 +4,7 @@
     course doctor [--engines N] [--no-tf]
     course bench startup [--engines N]
     course stop
+    course viz-gallery OUTDIR [--ring-ranks 4] [--no-tf]
 """
 
 from __future__ import annotations
@@ -106,6 +107,13 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_viz_gallery(args: argparse.Namespace) -> int:
+    from .instructor import gallery
+
+    items = gallery.run(args.outdir, ring_ranks=args.ring_ranks, tf=not args.no_tf)
+    return 1 if any(it.error for it in items) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stop", help="stop a cluster left running (e.g. by a killed course lab)")
     st.add_argument("--cluster-id", default=None)
     st.set_defaults(func=cmd_stop)
+
+    vg = sub.add_parser("viz-gallery", help="every figure of the course, from real runs, "
+                        "into OUTDIR (PNG, HTML, index.html)")
+    vg.add_argument("outdir")
+    vg.add_argument("--ring-ranks", type=int, default=4, help="ranks of the ring replay")
+    vg.add_argument("--no-tf", action="store_true", help="skip the TensorFlow figures")
+    vg.set_defaults(func=cmd_viz_gallery)
     return p
 
 

@@ -248,19 +248,23 @@ def engine_record_collectives(width: int = 2) -> dict[str, Any]:
     """*Collective.* Run the seven collectives once each on small readable tensors and return
     what this rank held before and after every one (``None`` where a rank holds nothing).
 
-    Rank ``r``'s input is ``10*r + [0, 1, ...]`` (``width`` values; ``scatter``'s root and
-    ``reduce_scatter`` use ``p`` chunks of ``width``), roots are rank 0, ops sum.
+    Rank ``r``'s input is ``10*(r+1) + [0, 1, ...]`` (``width`` < 10 values; ``scatter``'s root
+    and ``reduce_scatter`` hold ``p`` chunks, chunk ``i`` being ``100*i + 10*(r+1) + [0, ...]``),
+    roots are rank 0, ops sum. Every sum over all ranks is larger than every input, so a figure
+    can tell a rank's own value from a sum.
     """
     import torch
     import torch.distributed as dist
 
     r, p = dist.get_rank(), dist.get_world_size()
+    if not 1 <= width < 10:
+        raise ValueError(f"width must be 1..9, got {width}")
 
     def mine() -> Any:
-        return torch.arange(width, dtype=torch.float32) + 10.0 * r
+        return torch.arange(width, dtype=torch.float32) + 10.0 * (r + 1)
 
-    def chunked() -> list[Any]:  # p chunks, chunk i of rank r: 100*i + 10*r + [0..width)
-        return [torch.arange(width, dtype=torch.float32) + 100.0 * i + 10.0 * r
+    def chunked() -> list[Any]:
+        return [torch.arange(width, dtype=torch.float32) + 100.0 * i + 10.0 * (r + 1)
                 for i in range(p)]
 
     def flat(t: Any) -> list[float] | None:
@@ -364,26 +368,89 @@ def _find(buffer: list[float], part: list[float]) -> int:
     return -1
 
 
-def engine_source_of(name: str) -> str | None:
-    """The source of the last ``%%px`` cell on this engine that defined ``name`` (a function),
-    or ``None``. Not collective."""
+def _global_names(code: Any) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _global_names(const)
+    return names
+
+
+#: Names every engine gets from the course itself (never copied between clusters).
+_ENGINE_NAMES = {"rank", "world_size", "local_rank", "host", "device"}
+
+
+def engine_snapshot_of(name: str) -> bytes:
+    """The ``%%px`` function ``name`` as a portable snapshot: its source, the sources of the
+    ``%%px`` functions it calls, the modules and imported functions it uses, and its other
+    globals (pickled). Bytes, so the kernel forwards it without unpickling (no torch there).
+    Not collective. :func:`engine_restore` rebuilds it on another cluster's engines."""
+    import importlib
     import inspect
-    import re
+    import pickle
+    import textwrap
+    import types
 
     import __main__
 
-    history = vars(__main__).get("In") or vars(__main__).get("_ih") or []
-    pattern = re.compile(rf"^\s*def\s+{re.escape(name)}\s*\(", re.M)
-    for cell in reversed(list(history)):
-        if isinstance(cell, str) and pattern.search(cell):
-            return cell
-    fn = vars(__main__).get(name)
-    if fn is not None:
-        try:
-            return inspect.getsource(fn)
-        except (OSError, TypeError):
-            return None
-    return None
+    ns = vars(__main__)
+    if not callable(ns.get(name)):
+        raise NameError(f"{name!r} is not defined on this engine: run the %%px cell first")
+    sources: dict[str, str] = {}
+    modules: dict[str, str] = {}
+    froms: dict[str, tuple[str, str]] = {}
+    values: dict[str, bytes] = {}
+    todo = [name]
+    while todo:
+        fname = todo.pop()
+        if fname in sources:
+            continue
+        fn = ns[fname]
+        sources[fname] = textwrap.dedent(inspect.getsource(fn))
+        for g in sorted(_global_names(fn.__code__)):
+            if g in _ENGINE_NAMES or g in sources or g not in ns:
+                continue
+            v = ns[g]
+            mod = getattr(v, "__module__", None)
+            if isinstance(v, types.ModuleType):
+                modules[g] = v.__name__
+            elif isinstance(v, types.FunctionType) and mod == "__main__":
+                todo.append(g)
+            elif callable(v) and mod and mod != "__main__" and \
+                    getattr(importlib.import_module(mod), getattr(v, "__name__", ""), None) is v:
+                froms[g] = (mod, v.__name__)
+            else:
+                try:
+                    values[g] = pickle.dumps(v)
+                except Exception:  # an unpicklable global: the function will say it is missing
+                    pass
+    return pickle.dumps({"name": name, "sources": list(reversed(sources.values())),
+                         "modules": modules, "froms": froms, "values": values})
+
+
+def engine_restore(snapshot: bytes) -> str:
+    """Rebuild a function from :func:`engine_snapshot_of` in this engine's ``%%px``
+    namespace; returns its name. Not collective."""
+    import importlib
+    import pickle
+
+    import __main__
+
+    ns = vars(__main__)
+    snap = pickle.loads(snapshot)
+    for alias, mod in snap["modules"].items():
+        ns[alias] = importlib.import_module(mod)
+    for alias, (mod, attr) in snap["froms"].items():
+        ns[alias] = getattr(importlib.import_module(mod), attr)
+    for g, blob in snap["values"].items():
+        ns[g] = pickle.loads(blob)
+    for src in snap["sources"]:
+        exec(compile(src, f"<course snapshot of {snap['name']}>", "exec"), ns)
+    return snap["name"]
+
+
+#: What the notebook's earlier cells define before the ring cell runs.
+_PREAMBLE = "import torch\nimport torch.distributed as dist\n"
 
 
 def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int | None = None,
@@ -391,10 +458,10 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
                        timeout: float = 120.0) -> list[dict[str, Any]]:
     """Run the learner's ring all-reduce on ``ranks`` ranks and record it for the ring replay.
 
-    If the current cluster already has ``ranks`` engines, it records there. Otherwise it takes
-    the source of the ``%%px`` cell that defined ``fn_name`` (from the current cluster's rank 0,
-    or ``source``), starts a separate ``ranks``-engine cluster for the recording only (about
-    15 s on a laptop), runs the cell there, records, and stops it. The notebook's own cluster
+    If the current cluster already has ``ranks`` engines, it records there. Otherwise it copies
+    the ``%%px`` function ``fn_name`` from the current cluster's rank 0 (with what it uses; or
+    runs ``source``, a cell's code, instead), starts a separate ``ranks``-engine cluster for the
+    recording only (about 15 s on a laptop), records, and stops it. The notebook's own cluster
     and process group are left as they were. Returns one record per rank for
     :func:`course_utils.viz.ring.replay_frames`.
     """
@@ -409,18 +476,21 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
         cc = None
     if cc is not None and cc.world_size == ranks:
         return cc.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
+    snapshot = None
     if source is None:
         if cc is None:
-            raise ValueError("no cluster to read the ring from: pass source= (the cell's code)")
-        source = cc.run_on(0, engine_source_of, fn_name, timeout=30)
-        if not source:
-            raise NameError(f"no %%px cell defining {fn_name!r} was found on rank 0: run it first")
+            raise ValueError("no cluster to copy the ring from: pass source= (the cell's code)")
+        snapshot = cc.run_on(0, engine_snapshot_of, fn_name, timeout=30)
     cid = f"{(cc.cluster_id if cc else default_cluster_id())}-ring{ranks}"
     side = lifecycle._start_new(cid, load_profile("local"), ranks, timeout)
     try:
         side.refresh_ranks()
         init(side, backend="gloo")
-        side.view.execute(source, block=False).get(timeout=timeout)
+        side.view.execute(_PREAMBLE, block=False).get(timeout=timeout)
+        if snapshot is not None:
+            side.run(engine_restore, snapshot, timeout=timeout)
+        else:
+            side.view.execute(source, block=False).get(timeout=timeout)
         return side.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
     finally:
         side.stop(force=True)
