@@ -273,7 +273,7 @@ def engines_job(cc: lifecycle.CourseCluster) -> str:
     return es.job_id
 
 
-def test_start_submits_the_engines_as_a_slurm_job_and_stop_cancels_it(on_rig, tmp_path):
+def test_start_submits_the_engines_as_a_slurm_job_restart_and_stop_cancel_it(on_rig, tmp_path):
     rig = on_rig
     cid = f"pytest-slurm-{os.getpid()}"
     t0 = time.perf_counter()
@@ -303,6 +303,17 @@ def test_start_submits_the_engines_as_a_slurm_job_and_stop_cancels_it(on_rig, tm
         assert cc.run(engine.getenv, "OMP_NUM_THREADS") == ["1", "1"]
         print(f"\n{cc.world_size} engines up as Slurm job {job} in {up:.1f} s")
         print(rig.run("squeue").stdout + cc.ranks.table())
+
+        # restart: a new job replaces the old one; the controller drops the old engines.
+        t0 = time.perf_counter()
+        cu.restart()
+        print(f"restart: job {job} -> {engines_job(cc)} in {time.perf_counter() - t0:.1f} s")
+        assert rig.wait_job(int(job), timeout=15) == "CANCELLED"
+        job = engines_job(cc)
+        assert sorted(cc.client.ids) == sorted(cc.ranks.engine_ids)
+        reports = cc.run(engine.describe)
+        assert [(r["slurm"]["job_id"], r["slurm"]["procid"]) for r in reports] == [
+            (int(job), 0), (int(job), 1)]
         pids = [info.pid for info in cc.ranks]
     finally:
         cu.stop()

@@ -248,6 +248,7 @@ class CourseCluster:
         _stop_engines(self.cluster, kill=True)
         _start_engines(self.cluster, self.profile, n)
         _wait_for_engines(self.cluster, self.client, n, timeout, exclude=old)
+        _wait_unregistered(self.client, old)
         self.refresh_ranks()
         self.activate()
         for hook in list(self._restart_hooks.values()):
@@ -508,6 +509,17 @@ def _wait_for_engines(cl: ipp.Cluster, client: ipp.Client, n: int, timeout: floa
                 "and that the hosts can reach controller_ip",
             )
         time.sleep(0.02)
+
+
+def _wait_unregistered(client: ipp.Client, old: set[int],
+                       timeout: float = HEARTBEAT_MS * HEARTBEAT_MISSES / 1000 + 5) -> None:
+    """Wait until the controller dropped the replaced engines ``old``, so the rank map and
+    ``%%px`` see only the new ones. Locally an engine's nanny reports its death at once; a
+    Slurm job's cancel kills the nannies too, and the controller notices only when the
+    heartbeats stop (``HEARTBEAT_MISSES`` periods)."""
+    deadline = time.monotonic() + timeout
+    while set(client.ids) & old and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _start_new(cid: str, prof: ClusterProfile, n: int, timeout: float) -> CourseCluster:
