@@ -2,10 +2,9 @@
 
 No notebook calls this module: ``COURSE_PROFILE=profiles/slurm.toml`` (README, instructor's
 guide) makes the same ``cu.start()`` of ``00_cluster_tour`` keep the controller in the kernel's
-process and
-submits the engines as one Slurm job through ipyparallel's Slurm launcher: one task per engine,
-``srun`` starts them, each engine reports ``SLURM_PROCID`` / ``SLURM_LOCALID`` / ``SLURM_NODEID``
-(:func:`course_utils.cluster.engine.slurm_facts`) and the rank map follows them
+process and submit the engines as one Slurm job through ipyparallel's Slurm launcher: one task
+per engine, ``srun`` starts them, each engine reports ``SLURM_PROCID`` / ``SLURM_LOCALID`` /
+``SLURM_NODEID`` (:func:`course_utils.cluster.engine.slurm_facts`) and the rank map follows them
 (:func:`course_utils.cluster.ranks.slurm_rank_map`: rank = ``SLURM_PROCID``).
 ``cu.stop()`` cancels the job (``scancel``).
 
