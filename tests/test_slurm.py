@@ -408,3 +408,50 @@ def test_cluster_files_name_the_launcher_so_course_stop_can_cancel_the_job(tmp_p
     name = cl.to_dict()["engines"]["class"]
     assert name == "course_utils.cluster.slurm.SlurmEngines"
     assert ipp.Cluster(engines=name).engine_launcher_class is slurm.SlurmEngines
+
+
+# ---- two nodes: one slurmd in each network namespace of the two-host rig ----------------------
+@pytest.fixture
+def two_node_slurm(tmp_path, monkeypatch):
+    """A Slurm cluster whose two nodes are the two simulated hosts of tests/rigs/twohosts.py."""
+    from rigs.twohosts import rig_or_skip
+
+    rigs_slurm.require_rig()
+    monkeypatch.chdir(tmp_path)
+    with rig_or_skip(sshd=False) as hosts:
+        rig = SlurmRig.start(cpus=1, hosts=hosts)
+        try:
+            with rig.activated():
+                yield rig, hosts
+        finally:
+            rig.teardown()
+
+
+def test_a_slurm_job_spans_the_two_hosts(two_node_slurm, tmp_path):
+    from rigs.twohosts import IFNAME
+
+    rig, hosts = two_node_slurm
+    print("\n" + rig.run("sinfo").stdout)
+    assert rig.run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.split() == [
+        "rig-a", "idle", "rig-b", "idle"]
+    prof = tmp_path / "two.toml"
+    prof.write_text(f'launcher = "slurm"\ncontroller_ip = "{hosts.controller_ip}"\nengines = 2\n'
+                    f'socket_ifname = "{IFNAME}"\n[slurm]\npartition = "{rig.partition}"\n'
+                    'time = "5"\nnodes = 2\n')
+    cc = cu.start(profile=prof, cluster_id=f"pytest-slurm-two-{os.getpid()}", timeout=60)
+    try:
+        job = engines_job(cc)
+        print(rig.run("squeue").stdout + cc.ranks.table())
+        nodelist = slurm.job_status(job).fields["NodeList"]
+        nodes = rig.run(["scontrol", "show", "hostnames", nodelist]).stdout.split()
+        assert list(cc.ranks.hosts) == nodes == ["rig-a", "rig-b"]
+        # Each engine runs in its host's namespace: its route to the controller leaves from the
+        # host's own address, and rank 1's node rank and address are host b's.
+        addresses = [hosts.host(name).address for name in ("a", "b")]
+        assert [info.addr for info in cc.ranks] == addresses
+        assert [(info.node_rank, info.local_rank) for info in cc.ranks] == [(0, 0), (1, 0)]
+        assert cc.ranks.master_addr == addresses[0]
+        assert cc.run(engine.getenv, "GLOO_SOCKET_IFNAME") == [IFNAME, IFNAME]
+    finally:
+        cu.stop()
+    assert rig.wait_job(int(job), timeout=15) == "CANCELLED"
