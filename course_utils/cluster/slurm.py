@@ -221,6 +221,9 @@ class SlurmEngines(SlurmEngineSetLauncher):
         return super().start(n)
 
     def stop(self) -> str:
+        if not self.job_id:  # sbatch failed: there is no job to cancel
+            self.notify_stop({"job_id": "", "output": ""})
+            return ""
         try:
             output = self._run_command(self.delete_command + [self.job_id])
         except SlurmError as exc:  # the job already ended: nothing to cancel
