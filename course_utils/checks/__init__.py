@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from .collectives import engine_check_all_reduce, engine_check_point_to_point_only
 from .training import engine_check_checkpoint
+from .performance import engine_check_overlap_dp
 
-__all__ = ["engine_check_all_reduce", "engine_check_checkpoint",
+__all__ = ["engine_check_all_reduce", "engine_check_checkpoint", "engine_check_overlap_dp",
            "engine_check_point_to_point_only"]
