@@ -35,9 +35,9 @@ def test_set_debug_rejects_unknown_levels():
 
 def test_tiny_run_resumes_exactly():
     pytest.importorskip("torch")
-    from course_utils.checks.faults import tiny_run
-
     import copy
+
+    from course_utils.checks.faults import tiny_run
 
     states = []
     full = tiny_run(0, 5, lambda s: states.append(copy.deepcopy(s)))  # a snapshot, as a file is
