@@ -40,7 +40,8 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
     cls = _learner(cls_name)
     rank, p = dist.get_rank(), dist.get_world_size()
     gen = torch.Generator().manual_seed(100 + rank)
-    data = [(torch.randn(batch, width, generator=gen), torch.randint(0, 10, (batch,), generator=gen))
+    data = [(torch.randn(batch, width, generator=gen),
+             torch.randint(0, 10, (batch,), generator=gen))
             for _ in range(max(steps, timing_steps + 1))]
 
     ref = DDP(timeline_mlp(width, depth, seed=0), bucket_cap_mb=bucket_cap_mb)
