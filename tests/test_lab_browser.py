@@ -150,8 +150,9 @@ def test_unit0_runs_clean_with_every_rank_labelled(chromium, learner_lab):
     t0 = time.monotonic()
     cells = rig.run_all_cells(chromium, lab=lab.server, path=UNIT0, timeout=240)
     print(f"\nunit 0, Run All Cells: {time.monotonic() - t0:.1f} s")
-    rig.screenshot(chromium, "2-unit0-top")
     assert rig.problems(cells) == [], "\n".join(rig.problems(cells))
+    assert _stderr(cells) == [], "start-up noise or warnings on screen"
+    rig.screenshot(chromium, "2-unit0-top")
     hello = next(c for c in cells if c.source.startswith("%%px") and "rank {rank} of" in c.source)
     for r in range(2):
         assert re.search(rf"\[rank {r}, engine \d+\] rank {r} of 2 on", hello.text), hello.text
@@ -192,6 +193,7 @@ def test_unit3_training_shows_one_progress_bar_per_epoch(chromium, learner_lab):
     cells = rig.run_all_cells(chromium, lab=lab.server, path=UNIT3_TRAIN, timeout=240)
     print(f"\nunit 3 data + training, Run All Cells: {time.monotonic() - t0:.1f} s")
     assert rig.problems(cells) == [], "\n".join(rig.problems(cells))
+    assert _stderr(cells) == [], "start-up noise or warnings on screen"
     train = cells[UNIT3_CELLS.index("train")]
     rig.scroll_to_cell(chromium, train.index)
     rig.screenshot(chromium, "4-unit3-training")
@@ -226,6 +228,12 @@ def test_cluster_panel_lists_the_course_cluster(chromium, learner_lab):
     listed = {c["id"]: c for c in _ipp_clusters(lab.server)}  # the cluster still runs:
     state = (listed.get(lab.cluster_key, {}).get("controller") or {}).get("state", {})
     assert state.get("state") == "running", json.dumps(listed, indent=1)[:3000]
+
+
+def _stderr(cells: list[rig.CellResult]) -> list[str]:
+    """Every stderr output: the kernel's own, and the engines' (``[..., stderr]`` labels)."""
+    return [f"cell {c.index}: {o.text[:500]}" for c in cells for o in c.outputs
+            if o.mime == rig.STDERR_MIME or re.match(r"\[(rank \d+, engine \d+, )?stderr", o.text)]
 
 
 def _saved_passes(path: Path) -> bool:

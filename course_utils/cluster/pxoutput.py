@@ -75,12 +75,19 @@ def rank_label(kind: str, engine_id: int, rank: int | None) -> str:
 
 
 def relabel(text: str) -> str:
-    """Replace ipyparallel's leading ``[stdout:3]`` label by the rank's, and collapse ``\\r``."""
+    """Replace ipyparallel's leading ``[stdout:3]`` label by the rank's, and collapse ``\\r``.
+
+    The label stays in front: a ``\\r`` in the stream returns to the start of the stream's
+    line, not over the label.
+    """
     m = _LABEL_RE.match(text)
-    if m:
-        eid = int(m.group(2))
-        text = rank_label(m.group(1), eid, rank_of_engine(eid)) + text[m.end():]
-    return collapse_cr(text)
+    if not m:
+        return collapse_cr(text)
+    eid = int(m.group(2))
+    rest = text[m.end():]
+    space = " " if rest.startswith(" ") else ""
+    return (rank_label(m.group(1), eid, rank_of_engine(eid)) + space
+            + collapse_cr(rest[len(space):]))
 
 
 def install() -> bool:

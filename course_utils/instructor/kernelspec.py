@@ -99,12 +99,14 @@ def set_kernelspec(nb: NotebookNode) -> NotebookNode:
     return nb
 
 
-def find_spec() -> tuple[str, dict[str, Any]] | None:
-    """The course kernelspec as Jupyter finds it on its search path: (folder, kernel.json)."""
+def find_spec(kernel_dirs: list[str] | None = None) -> tuple[str, dict[str, Any]] | None:
+    """The course kernelspec as Jupyter finds it on its search path (or in ``kernel_dirs``):
+    (folder, kernel.json), or None."""
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
+    ksm = KernelSpecManager() if kernel_dirs is None else KernelSpecManager(kernel_dirs=kernel_dirs)
     try:
-        spec = KernelSpecManager().get_kernel_spec(KERNEL_NAME)
+        spec = ksm.get_kernel_spec(KERNEL_NAME)
     except NoSuchKernel:
         return None
     return spec.resource_dir, spec.to_dict()
