@@ -110,11 +110,6 @@ def learner_lab(tmp_path_factory, browser_screenshot_dir):
     assert "course lab: stopping the cluster" in log, log
 
 
-def _rendered_text(driver) -> str:
-    return "\n".join(c.text for c in rig.notebook_cells(driver)) + "\n" + "\n".join(
-        c.source for c in rig.notebook_cells(driver))
-
-
 @pytest.mark.timeout(300)
 def test_home_lists_units_cluster_and_status(chromium, learner_lab, browser_screenshot_dir):
     lab = learner_lab
@@ -139,6 +134,13 @@ def test_home_lists_units_cluster_and_status(chromium, learner_lab, browser_scre
     rig.screenshot(chromium, "1-home-page")
     rig.scroll_to_cell(chromium, 3)
     rig.screenshot(chromium, "1-home-page-objectives")
+    # Its last cell recomputes the status in the course kernel.
+    cells = rig.run_all_cells(chromium, lab=lab.server, path=home.HOME_NAME, timeout=60)
+    assert rig.problems(cells) == [], "\n".join(rig.problems(cells))
+    assert "Unit 5: TF2 ParameterServerStrategy" in cells[-1].text, cells[-1].text
+    assert cells[-1].text.count("not run yet") == len(home.units())
+    rig.scroll_to_cell(chromium, -1)
+    rig.screenshot(chromium, "1-home-page-refreshed")
 
 
 @pytest.mark.timeout(300)
@@ -146,7 +148,17 @@ def test_unit0_runs_clean_with_every_rank_labelled(chromium, learner_lab):
     lab = learner_lab
     copy = lab.workdir / UNIT0
     nbformat.write(solve(copy), str(copy))
-    lab.open(chromium, UNIT0)
+    # Open it as a learner does: the link on the home page.
+    lab.open(chromium, home.HOME_NAME)
+    link = rig.wait_for(chromium, lambda d: next(
+        (a for a in d.find_elements("css selector", ".jp-RenderedMarkdown a")
+         if a.text.strip() == "Unit 0: Cluster tour"), None), 20, "the home's link to unit 0")
+    link.click()
+    rig.wait_for(chromium, lambda d: any(
+        t.text.strip() == UNIT0 and "jp-mod-current" in (t.get_attribute("class") or "")
+        for t in d.find_elements("css selector", ".lm-DockPanel-tabBar .lm-TabBar-tab")), 30,
+        "unit 0 to open from the home's link")
+    rig.wait_kernel_idle(chromium, 120, lab=lab.server, path=UNIT0)
     t0 = time.monotonic()
     cells = rig.run_all_cells(chromium, lab=lab.server, path=UNIT0, timeout=240)
     print(f"\nunit 0, Run All Cells: {time.monotonic() - t0:.1f} s")
@@ -190,18 +202,25 @@ def test_unit3_training_shows_one_progress_bar_per_epoch(chromium, learner_lab):
     nbformat.write(nb, str(lab.workdir / UNIT3_TRAIN))
     lab.open(chromium, UNIT3_TRAIN)
     t0 = time.monotonic()
-    cells = rig.run_all_cells(chromium, lab=lab.server, path=UNIT3_TRAIN, timeout=240)
+    train_at = UNIT3_CELLS.index("train")
+    seen = run_all_watching(chromium, lab.server, UNIT3_TRAIN, train_at, timeout=240)
+    cells = rig.notebook_cells(chromium)
     print(f"\nunit 3 data + training, Run All Cells: {time.monotonic() - t0:.1f} s")
     assert rig.problems(cells) == [], "\n".join(rig.problems(cells))
     assert _stderr(cells) == [], "start-up noise or warnings on screen"
-    train = cells[UNIT3_CELLS.index("train")]
+    train = cells[train_at]
     rig.scroll_to_cell(chromium, train.index)
     rig.screenshot(chromium, "4-unit3-training")
-    bars = [ln for ln in train.text.splitlines() if _BAR_RE.search(ln)]
-    epochs = [int(_BAR_RE.search(ln).group(1)) for ln in bars]
-    assert epochs == sorted(set(epochs)) and len(epochs) >= 1, (
-        f"expected one bar line per epoch, got {len(bars)} lines:\n" + "\n".join(bars))
-    assert all("100%" in ln for ln in bars), "\n".join(bars)
+    # While it ran and at the end: one bar line per epoch, redrawn in place.
+    for text in [*seen, train.text]:
+        bars = [ln for ln in text.splitlines() if _BAR_RE.search(ln)]
+        epochs = [int(_BAR_RE.search(ln).group(1)) for ln in bars]
+        assert epochs == sorted(set(epochs)), "more than one line for a bar:\n" + "\n".join(bars)
+    final = [ln for ln in train.text.splitlines() if _BAR_RE.search(ln)]
+    epochs = int(re.search(r"EPOCHS, BATCH, LR = (\d+)", nbformat.writes(nb)).group(1))
+    assert len(final) == epochs and all("100%" in ln for ln in final), "\n".join(final)
+    states = {ln for text in seen for ln in text.splitlines() if _BAR_RE.search(ln)}
+    print(f"{len(seen)} looks at the training cell while it ran; {len(states)} bar states seen")
     assert "[rank 0, engine" in train.text and "[rank 1, engine" not in train.text, train.text
     assert cells[UNIT3_CELLS.index("train-check")].has_image
 
@@ -228,6 +247,29 @@ def test_cluster_panel_lists_the_course_cluster(chromium, learner_lab):
     listed = {c["id"]: c for c in _ipp_clusters(lab.server)}  # the cluster still runs:
     state = (listed.get(lab.cluster_key, {}).get("controller") or {}).get("state", {})
     assert state.get("state") == "running", json.dumps(listed, indent=1)[:3000]
+
+
+def run_all_watching(driver, server: rig.LabServer, path: str, index: int,
+                     timeout: float) -> list[str]:
+    """Run > Run All Cells, reading cell ``index``'s output at every poll until the notebook is
+    done; return the distinct texts seen (what the learner saw while it ran)."""
+    before = [c.prompt for c in rig.notebook_cells(driver)]
+    rig._click_run_all_menu(driver, 10)
+    rig.wait_for(driver, lambda d: rig.kernel_status(d) == "busy"
+                 or [c.prompt for c in rig.notebook_cells(d)] != before, 15,
+                 "the notebook to start running")
+    seen: list[str] = []
+
+    def done(d) -> bool:
+        cells = rig.notebook_cells(d)
+        if cells[index].text and (not seen or seen[-1] != cells[index].text):
+            seen.append(cells[index].text)
+        return not any(c.prompt.strip() == "[*]:" for c in cells) and \
+            rig.kernel_status(d) == "idle"
+
+    rig.wait_for(driver, done, timeout, "every queued cell to finish")
+    rig.wait_kernel_idle(driver, timeout, lab=server, path=path)
+    return seen
 
 
 def _stderr(cells: list[rig.CellResult]) -> list[str]:
