@@ -339,6 +339,26 @@ def test_set_unit_metadata_round_trips():
     assert home.unit_info(nb, UNIT3.name) == parsed
 
 
+def test_marking_the_sources_changes_only_their_metadata(tmp_path):
+    """What the lead applies to notebooks/ (lab.mark_source_notebook); nbval still runs them."""
+    for path in grading.source_notebooks():
+        nb = grading.read(path)
+        before = [dict(c) for c in nb.cells]
+        lab.mark_source_notebook(nb, path.name)
+        assert [dict(c) for c in nb.cells] == before
+        assert nb.metadata.kernelspec.name == kernelspec.KERNEL_NAME
+        assert home.unit_info(nb, path.name) == home.unit_info(grading.read(path), path.name)
+    tiny = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import course_utils")])
+    kernelspec.set_kernelspec(tiny)
+    tiny.metadata.kernelspec.name = "a-kernel-nobody-installed"  # nbval must not need it
+    nbformat.write(tiny, str(tmp_path / "tiny.ipynb"))
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", str(tmp_path / "tiny.ipynb"),
+                          "-p", "no:cacheprovider", "--rootdir", str(Path(__file__).parents[1]),
+                          "-c", str(Path(__file__).parents[1] / "pyproject.toml")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-2000:]
+
+
 def test_home_matches_the_notebooks(tmp_path):
     wd = tmp_path / "work"
     workspace.sync(wd)

@@ -62,6 +62,13 @@ def prepare(workdir: str | None, source: bool, notebooks: Path,
                                  *labpanel.jupyter_args()])
 
 
+def mark_source_notebook(nb: Any, file: str) -> Any:
+    """What every source notebook should carry (in place): the course kernel as its kernelspec,
+    and its time, objectives and prerequisites as ``metadata.course`` fields."""
+    kernelspec.set_kernelspec(nb)
+    return home.set_unit_metadata(nb, file)
+
+
 def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     """``course lab``'s options for the working folder."""
     parser.add_argument("--workdir", default=None,
