@@ -166,6 +166,9 @@ def test_unit0_runs_clean_with_every_rank_labelled(chromium, learner_lab):
     print(f"\nunit 0, Run All Cells: {time.monotonic() - t0:.1f} s")
     assert rig.problems(cells) == [], "\n".join(rig.problems(cells))
     assert _stderr(cells) == [], "start-up noise or warnings on screen"
+    chromium.execute_script(
+        "const c = document.querySelector(arguments[0] + ' .jp-Notebook .jp-Cell');"
+        "if (c) c.scrollIntoView({block: 'start'});", rig.NOTEBOOK_PANEL_CSS)
     rig.screenshot(chromium, "2-unit0-top")
     hello = next(c for c in cells if c.source.startswith("%%px") and "rank {rank} of" in c.source)
     for r in range(2):
