@@ -1,6 +1,7 @@
 """The ``course`` command: a thin face over the library functions the notebooks use.
 
-    course lab [--engines N] [--no-browser] [--port P] [-- jupyter args]
+    course lab [--engines N] [--no-browser] [--port P] [--workdir W | --source] [-- jupyter args]
+    course home | course solution UNIT EXERCISE | course kernel
     course doctor [--engines N] [--no-tf] [--profile PROFILE]
     course bench startup [--engines N]
     course stop
@@ -29,10 +30,17 @@ def _notebooks_dir() -> Path:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    """Start the course cluster, then JupyterLab on the notebooks; stop both on exit."""
+    """Start the course cluster, then JupyterLab on the learner's working folder (or, with
+    --source, the notebooks); stop both on exit."""
     from . import cluster
     from .errors import CourseError
+    from .instructor import lab as lab_setup
 
+    try:
+        plan = lab_setup.prepare(args.workdir, args.source, _notebooks_dir())
+    except CourseError as exc:
+        print(f"course lab: {exc}", file=sys.stderr)
+        return 1
     os.environ[settings.ENV_ENGINES] = str(args.engines)
     t0 = time.perf_counter()
     try:
@@ -43,14 +51,15 @@ def cmd_lab(args: argparse.Namespace) -> int:
     print(f"course lab: {cc.world_size} engines ready in {time.perf_counter() - t0:.1f} s "
           f"(cluster id {cc.cluster_id!r}, profile {cc.profile.name})")
     print(cc.ranks.table())
+    plan.started(cc)
 
-    cmd = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={_notebooks_dir()}",
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={plan.root}",
            f"--port={args.port}", f"--ServerApp.ip={args.ip}"]
     if args.no_browser:
         cmd.append("--no-browser")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and CI run as root
-    cmd += args.jupyter_args
+    cmd += plan.jupyter_args + args.jupyter_args
     env = {**os.environ, settings.ENV_CLUSTER_ID: cc.cluster_id}
     proc = subprocess.Popen(cmd, env=env)
 
@@ -116,6 +125,8 @@ def cmd_viz_gallery(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .instructor import lab as lab_setup
+
     p = argparse.ArgumentParser(prog="course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -127,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--port", type=int, default=8888)
     lab.add_argument("--ip", default="127.0.0.1")
     lab.add_argument("--no-browser", action="store_true")
+    lab_setup.add_lab_arguments(lab)
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER,
                      help="after --: passed to jupyter lab unchanged")
     lab.set_defaults(func=cmd_lab)
@@ -156,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     vg.add_argument("--ring-ranks", type=int, default=4, help="ranks of the ring replay")
     vg.add_argument("--no-tf", action="store_true", help="skip the TensorFlow figures")
     vg.set_defaults(func=cmd_viz_gallery)
+    lab_setup.add_commands(sub)
     return p
 
 
