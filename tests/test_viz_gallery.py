@@ -35,4 +35,3 @@ def test_viz_gallery_writes_every_figure_from_real_runs(tmp_path):
     assert "<script" in (out / "ring_replay_1.html").read_text()
     # one line per figure on the run behind it, with its time
     assert len(re.findall(r"<b>run:</b>[^<]+\(\d+\.\d s\)", index)) == len(FIGURES)
-    assert "worker failure" in proc.stderr + proc.stdout or "failed" in index

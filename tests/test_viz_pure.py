@@ -17,7 +17,8 @@ from course_utils import viz  # noqa: E402
 from course_utils.instructor import gallery  # noqa: E402
 from course_utils.tf_dist import record as trec  # noqa: E402
 from course_utils.torch_dist import collectives  # noqa: E402
-from course_utils.viz import cheatsheet, live, ps_traffic, ring, style, timeline  # noqa: E402
+from course_utils.viz import cheatsheet, live, ring, style, timeline
+from course_utils.viz import ps as ps_traffic  # noqa: E402
 
 
 def _texts(fig) -> str:
@@ -312,12 +313,15 @@ def test_closure_timeline_infers_the_retried_closure_and_renders():
 
 
 def test_record_coordinator_timestamps_the_coordinator_log():
+    from course_utils import tf_dist
+
     log = logging.getLogger("tensorflow")
-    with trec.record_coordinator() as events:
+    with tf_dist.watch_coordinator() as seen, trec.record_coordinator() as events:
         log.error("Worker %s failed with %r:%s", "/job:worker/replica:0/task:1", "x", "y")
         log.info("[Worker %d] Putting back a closure after it failed.", 1)
         log.info("something else")
     assert [(e["event"], e["worker"]) for e in events] == [("failed", 1), ("put_back", 1)]
+    assert seen["worker_failures"] == 1 and seen["retried"] == 1  # both see the same log
     assert log.level == logging.CRITICAL
 
 

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 from course_utils import tf_dist  # noqa: E402
 from course_utils.instructor.gallery import NOTEBOOKS, px_cells  # noqa: E402
 from course_utils.tf_dist import record as trec  # noqa: E402
-from course_utils.viz import ps_traffic  # noqa: E402
+from course_utils.viz import ps as ps_traffic  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 

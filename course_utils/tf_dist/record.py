@@ -305,7 +305,8 @@ def record_coordinator() -> Iterator[list[dict[str, Any]]]:
 
     Yields a list that fills with ``{"time": s, "event": "failed"|"put_back"|"recovered",
     "worker": index}``, from the coordinator's own log records (as
-    :func:`~course_utils.tf_dist.watch_coordinator` counts them), without printing them. After
+    :func:`~course_utils.tf_dist.watch_coordinator` counts them, and inside it if both are
+    wanted), without printing them. After
     the block TensorFlow's Python log stays at CRITICAL (the lost worker's reconnection attempts
     would otherwise print forever).
     """
@@ -330,7 +331,8 @@ def record_coordinator() -> Iterator[list[dict[str, Any]]]:
     logger = logging.getLogger("tensorflow")
     saved = (logger.level, list(logger.handlers), logger.propagate)
     handler = _Record()
-    logger.handlers = [handler]
+    # Nests with watch_coordinator (its counter keeps counting); other handlers would print.
+    logger.handlers = [h for h in saved[1] if type(h).__name__ == "_Count"] + [handler]
     logger.propagate = False
     logger.setLevel(logging.INFO)
     try:
