@@ -42,7 +42,7 @@ def runs():
             tf_dist.reset_ps(cc)
             out[mode] = [r for r in cc.run(trec.engine_record_ps, STEPS, sync, timeout=180) if r]
         out["placement"] = cc.run(trec.engine_placement,
-                                  {"the seed": "seed_graph", "repaired": "build_graph"},
+                                  [("the seed", "seed_graph"), ("repaired", "build_graph")],
                                   timeout=60)
         yield out
     finally:
@@ -84,6 +84,7 @@ def test_staleness_is_zero_in_sync_mode_and_counts_updates_in_async(runs):
 
 def test_the_seed_ships_activations_to_the_ps_and_the_repair_does_not(runs):
     place = next(p for p in runs["placement"] if p and p["worker"] == 1)
+    assert place["order"] == ["the seed", "repaired"]  # the figure draws them in this order
     seed, fixed = place["graphs"]["the seed"], place["graphs"]["repaired"]
     assert seed["ops"]["/job:ps/task:0"].get("loss", 0) > 0  # the seed's loss runs on the ps
     assert any(m["per_example"] for m in seed["traffic"])

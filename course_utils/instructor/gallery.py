@@ -337,7 +337,7 @@ def _tf_part(gal: Gallery, cc: Any) -> None:
     gal.figure("ps_placement", FIGURES[13][1],
                "04's seed_graph and build_graph, placement of one step's ops on worker 1",
                lambda: pt.placement_diagram(next(p for p in cc.run(
-                   trec.engine_placement, {"the seed": "seed_graph", "repaired": "build_graph"},
+                   trec.engine_placement, [("the seed", "seed_graph"), ("repaired", "build_graph")],
                    timeout=60)[::-1] if p)))
     tf_dist.teardown(cc)
     gal.figure("closure_timeline", FIGURES[14][1],

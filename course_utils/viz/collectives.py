@@ -31,6 +31,8 @@ def per_rank_tensors(before: Sequence[Any], after: Sequence[Any], title: str) ->
             ax = axes[row][r]
             ax.set_xticks([])
             ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(False)
             val = data[r]
             if val is None:
                 ax.text(0.5, 0.5, "(nothing)", ha="center", va="center", color="grey")

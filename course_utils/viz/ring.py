@@ -173,7 +173,7 @@ def _legend(ax: Any, p: int) -> None:
 
     cmap = _plt().get_cmap(SEQUENTIAL).reversed()
     handles = [Patch(facecolor=cmap(0.12 + 0.88 * c / p), edgecolor="black",
-                     label=f"{c} rank{'s' if c > 1 else ''}' contributions"
+                     label=("1 rank's own value" if c == 1 else f"{c} ranks' contributions")
                      + (" (the full sum)" if c == p else "")) for c in range(1, p + 1)]
     handles += [Line2D([], [], color=ROLE["reduce_scatter"], linewidth=2.2,
                        label="reduce-scatter message (added)"),
