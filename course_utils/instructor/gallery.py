@@ -314,7 +314,7 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
 def _tf_part(gal: Gallery, cc: Any) -> None:
     from .. import tf_dist
     from ..tf_dist import record as trec
-    from ..viz import ps_traffic as pt
+    from ..viz import ps as pt
 
     nb04 = NOTEBOOKS / "04_tf_classic_ps.ipynb"
     tf_dist.start_servers(cc, num_ps=2)
@@ -337,21 +337,21 @@ def _tf_part(gal: Gallery, cc: Any) -> None:
     gal.figure("ps_placement", FIGURES[13][1],
                "04's seed_graph and build_graph, placement of one step's ops on worker 1",
                lambda: pt.placement_diagram(next(p for p in cc.run(
-                   trec.engine_placement, {"the seed": "seed_graph", "repaired": "build_graph"},
+                   trec.engine_placement, [("the seed", "seed_graph"), ("repaired", "build_graph")],
                    timeout=60)[::-1] if p)))
     tf_dist.teardown(cc)
     gal.figure("closure_timeline", FIGURES[14][1],
-               "ParameterServerStrategy, coordinator in this process, 2 workers + 2 ps; 80 "
-               "timed closures, rank 1 (worker:1) killed 0.2 s after scheduling",
+               "ParameterServerStrategy, coordinator in this process, 2 workers + 2 ps; 150 "
+               "timed closures, rank 1 (worker:1) killed 0.05 s after scheduling them",
                lambda: _lost_worker(cc))
     tf_dist.teardown(cc)
 
 
-def _lost_worker(cc: Any, n: int = 80) -> Any:
+def _lost_worker(cc: Any, n: int = 150) -> Any:
     """Unit 5's lost worker with a small step of its own (not the learner's exercise)."""
     from .. import tf_dist
     from ..tf_dist import record as trec
-    from ..viz import ps_traffic as pt
+    from ..viz import ps as pt
 
     tfc = tf_dist.start_servers(cc, num_ps=2, num_workers=2)
     tf = tf_dist.quiet_tensorflow()
@@ -377,11 +377,14 @@ def _lost_worker(cc: Any, n: int = 80) -> Any:
         for i in range(n):
             scheduled.append(time.time())
             remote.append(coordinator.schedule(timed, args=(tf.constant(i),)))
-        time.sleep(0.2)
+        time.sleep(0.05)
         killed = time.time()
         tf_dist.kill_rank(1, cc)
         error, _ = tf_dist.join_within(coordinator, timeout=120)
     if error:
         raise RuntimeError(f"join() after losing a worker: {error}")
+    if not any(e["event"] == "failed" for e in events):
+        raise RuntimeError("the coordinator logged no worker failure: every closure finished "
+                           "before the kill (a faster machine: schedule more closures)")
     rows = trec.closure_rows(trec.fetch_all(remote), scheduled)
     return pt.closure_timeline(rows, events, killed)

@@ -211,8 +211,9 @@ def _train_targets(graph: Any, made: Any) -> list[Any]:
             and (op.type == "NoOp" or "Apply" in op.type)]
 
 
-def engine_placement(graph_fns: dict[str, str], batch: int = 64) -> dict[str, Any] | None:
-    """*All ranks.* For each ``label -> name`` of a ``%%px`` function that builds a graph
+def engine_placement(graph_fns: dict[str, str] | list[tuple[str, str]], batch: int = 64
+                     ) -> dict[str, Any] | None:
+    """*All ranks.* For each ``(label, name)`` of a ``%%px`` function that builds a graph
     (returning it, or a tuple starting with it), called with this rank's ``worker_index`` if it
     takes an argument: on which task each op of one training step runs (counted by role:
     inputs, variables, forward, loss, gradients, update) and which tensors that step sends
@@ -224,8 +225,10 @@ def engine_placement(graph_fns: dict[str, str], batch: int = 64) -> dict[str, An
     ns = vars(__main__)
     if ns.get("worker_index") is None:
         return None
+    # A list keeps the order (the figure draws them left to right; dicts may arrive sorted).
+    pairs = list(graph_fns.items()) if isinstance(graph_fns, dict) else list(graph_fns)
     out: dict[str, Any] = {}
-    for label, name in graph_fns.items():
+    for label, name in pairs:
         fn = ns.get(name)
         if not callable(fn):
             raise NameError(f"{name!r} is not defined on this engine: run its %%px cell first")
@@ -240,7 +243,7 @@ def engine_placement(graph_fns: dict[str, str], batch: int = 64) -> dict[str, An
         out[label] = {"ops": {k: _roles(v) for k, v in ops_by_task.items()},
                       "traffic": step_traffic(targets, batch)}
     return {"worker": int(ns["worker_index"]), "batch": int(batch), "graphs": out,
-            "order": list(graph_fns)}
+            "order": [label for label, _ in pairs]}
 
 
 #: Op types, grouped into what a learner recognises in a placement diagram.
@@ -305,7 +308,8 @@ def record_coordinator() -> Iterator[list[dict[str, Any]]]:
 
     Yields a list that fills with ``{"time": s, "event": "failed"|"put_back"|"recovered",
     "worker": index}``, from the coordinator's own log records (as
-    :func:`~course_utils.tf_dist.watch_coordinator` counts them), without printing them. After
+    :func:`~course_utils.tf_dist.watch_coordinator` counts them, and inside it if both are
+    wanted), without printing them. After
     the block TensorFlow's Python log stays at CRITICAL (the lost worker's reconnection attempts
     would otherwise print forever).
     """
@@ -330,7 +334,8 @@ def record_coordinator() -> Iterator[list[dict[str, Any]]]:
     logger = logging.getLogger("tensorflow")
     saved = (logger.level, list(logger.handlers), logger.propagate)
     handler = _Record()
-    logger.handlers = [handler]
+    # Nests with watch_coordinator (its counter keeps counting); other handlers would print.
+    logger.handlers = [h for h in saved[1] if type(h).__name__ == "_Count"] + [handler]
     logger.propagate = False
     logger.setLevel(logging.INFO)
     try:

@@ -13,12 +13,19 @@ the palette of :mod:`.style`. Introduced in ``01_collectives`` (``per_rank_tenso
 
 from __future__ import annotations
 
-from . import live
+from . import cheatsheet, cost, live, ps, ring, style, timeline
+from .cheatsheet import collectives_cheatsheet
 from .collectives import bandwidth_bars, per_rank_tensors, ring_trace
-from .cost_model import cost_model, describe_fit, fit_alpha_beta, predict
+from .cost import cost_model, describe_fit, fit_alpha_beta, predict
+from .live import LiveFigure, live_training, watch
+from .ps import closure_timeline, placement_diagram, ps_step_timeline, ps_traffic, staleness
+from .ring import replay_frames, ring_frame, ring_replay
 from .timeline import ddp_timeline, overlap_fraction
 from .training import per_rank_curves, replica_divergence
 
-__all__ = ["bandwidth_bars", "cost_model", "ddp_timeline", "describe_fit", "fit_alpha_beta",
-           "live", "overlap_fraction", "per_rank_curves", "per_rank_tensors", "predict",
-           "replica_divergence", "ring_trace"]
+__all__ = ["LiveFigure", "bandwidth_bars", "cheatsheet", "closure_timeline",
+           "collectives_cheatsheet", "cost", "cost_model", "ddp_timeline", "describe_fit",
+           "fit_alpha_beta", "live", "live_training", "overlap_fraction", "per_rank_curves",
+           "per_rank_tensors", "placement_diagram", "predict", "ps", "ps_step_timeline",
+           "ps_traffic", "replay_frames", "replica_divergence", "ring", "ring_frame", "ring_replay",
+           "ring_trace", "staleness", "style", "timeline", "watch"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .style import _plt, rank_color, styled
+from .style import _plt, rank_color, styled, text_color
 
 #: One line per collective, as the cheat sheet states it (root = rank 0, op = sum).
 DEFINITIONS = {
@@ -50,8 +50,9 @@ def _strip(ax: Any, x0: float, y: float, values: Sequence[float] | None, owner: 
         ax.add_patch(Rectangle((x0 + i * cell, y - 0.36), cell * 0.94, 0.72, facecolor=face,
                                edgecolor="white", linewidth=1, alpha=1.0 if r is None else 0.85))
         text = f"Σ{v:g}" if r is None else f"{v:g}"
-        ax.text(x0 + (i + 0.47) * cell, y, text, ha="center", va="center", fontsize=9,
-                color="white", fontweight="bold")
+        ax.text(x0 + (i + 0.47) * cell, y, text, ha="center", va="center",
+                fontsize=10 if len(text) <= 4 else 8, color=text_color(face),
+                fontweight="bold")
 
 
 @styled
@@ -68,8 +69,8 @@ def collectives_cheatsheet(records: Sequence[Mapping[str, Any]],
     widest = max(len(v) for rec in recs for pair in rec["trace"].values() for v in pair if v)
     cell = 1.0
     col_w = widest * cell + 1.2
-    fig_w = 2 * p * col_w * 0.42 + 4.4
-    fig, axes = plt.subplots(len(names), 1, figsize=(fig_w, 0.62 * p * len(names) + 1.8),
+    fig_w = (2 * col_w + 1.6) * 0.5 + 1.6
+    fig, axes = plt.subplots(len(names), 1, figsize=(fig_w, (0.34 * p + 0.55) * len(names) + 1.3),
                              squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
         for r, rec in enumerate(recs):
@@ -88,12 +89,12 @@ def collectives_cheatsheet(records: Sequence[Mapping[str, Any]],
         ax.set_title(f"{name}: {DEFINITIONS[name]}", loc="left", fontsize=12)
     handles = [Patch(color=rank_color(r), alpha=0.85, label=f"rank {r}'s data")
                for r in range(p)] + [Patch(color="#333333", label="Σ a sum over ranks")]
-    fig.legend(handles=handles, loc="lower center", ncol=min(p + 1, 5), frameon=False)
+    fig.legend(handles=handles, loc="lower center", ncol=min(p + 1, 3), frameon=False)
     fig.suptitle(title or f"The seven collectives on {p} ranks, from one run "
                  f"(root = rank 0, op = sum)")
-    fig.tight_layout(rect=(0, 0.05, 1, 0.95))
+    fig.tight_layout(rect=(0, 0.9 / fig.get_figheight(), 1, 1 - 0.5 / fig.get_figheight()))
     ax0 = axes[0, 0]
-    top = ax0.get_position().y1 + 0.4 / fig.get_figheight()
+    top = ax0.get_position().y1 + 0.3 / fig.get_figheight()
     for x, text in ((widest * cell / 2, "before"), (col_w + 1.6 + widest * cell / 2, "after")):
         fx = fig.transFigure.inverted().transform(ax0.transData.transform((x, 0)))[0]
         fig.text(fx, top, text, ha="center", va="bottom", fontsize=13, weight="bold")

@@ -167,6 +167,22 @@ def _colorbar(fig: Any, ax: Any, p: int) -> None:
     cb.set_label("ranks summed in")
 
 
+def _legend(ax: Any, p: int) -> None:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    cmap = _plt().get_cmap(SEQUENTIAL).reversed()
+    handles = [Patch(facecolor=cmap(0.12 + 0.88 * c / p), edgecolor="black",
+                     label=("1 rank's own value" if c == 1 else f"{c} ranks' contributions")
+                     + (" (the full sum)" if c == p else "")) for c in range(1, p + 1)]
+    handles += [Line2D([], [], color=ROLE["reduce_scatter"], linewidth=2.2,
+                       label="reduce-scatter message (added)"),
+                Line2D([], [], color=ROLE["all_gather"], linewidth=2.2, linestyle="--",
+                       label="all-gather message (copied)")]
+    ax.legend(handles=handles, loc="center", fontsize=12, frameon=False,
+              title="block colour = ranks summed in", title_fontsize=12)
+
+
 @styled
 def ring_replay(replay: Mapping[str, Any], title: str | None = None) -> Any:
     """Every step of the replay on one page (small multiples), reduce-scatter then all-gather
@@ -184,7 +200,9 @@ def ring_replay(replay: Mapping[str, Any], title: str | None = None) -> Any:
             ax.title.set_fontsize(10.5)
             ax.set_xlabel("")
         else:
-            ax.set_visible(False)
+            ax.axis("off")
+    if rows * cols > frames:
+        _legend(axes[-1][-1], replay["p"])
     fig.suptitle(title or f"ring all-reduce on {replay['p']} ranks, step by step "
                  f"(labels: which ranks' contributions each chunk holds)")
     fig.tight_layout()
@@ -202,7 +220,7 @@ def animation_html(replay: Mapping[str, Any], interval_ms: int = 1400,
     from .style import CYCLE, RC
 
     with plt.rc_context({**RC, "axes.prop_cycle": cycler(color=CYCLE),
-                         "animation.embed_limit": 50}):
+                         "animation.embed_limit": 50, "savefig.dpi": 90}):
         fig, ax = plt.subplots(figsize=(1.15 * replay["n"] + 3.2, 0.9 * replay["p"] + 1.8))
         _colorbar(fig, ax, replay["p"])
         if title:

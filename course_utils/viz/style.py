@@ -75,6 +75,17 @@ def styled(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def text_color(face: Any) -> str:
+    """Black or white, whichever reads better on ``face`` (WCAG relative luminance)."""
+    from matplotlib.colors import to_rgb
+
+    def lin(c: float) -> float:
+        return c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4
+
+    r, g, b = (lin(c) for c in to_rgb(face))
+    return "black" if 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.18 else "white"
+
+
 def human_bytes(n: float) -> str:
     """``1536 -> '1.5 KiB'`` (binary units, as buffer sizes are quoted in the course)."""
     n = float(n)
