@@ -4,6 +4,7 @@
     course doctor [--engines N] [--no-tf]
     course bench startup [--engines N]
     course stop
+    course release | grade | feedback | slides   (the instructor's commands, see --help)
 """
 
 from __future__ import annotations
@@ -137,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stop", help="stop a cluster left running (e.g. by a killed course lab)")
     st.add_argument("--cluster-id", default=None)
     st.set_defaults(func=cmd_stop)
+
+    from .instructor.commands import register as register_instructor
+
+    register_instructor(sub)
     return p
 
 

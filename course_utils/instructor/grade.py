@@ -24,6 +24,7 @@ import re
 import shutil
 import signal
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -387,7 +388,9 @@ def grade(submissions: str | Path, course: str | Path | None = None,
     say(f"course grade: {len(work)} notebook(s) of {len({w[0] for w in work})} student(s); "
         f"cell limit {result.cell_timeout} s, notebook limit {result.notebook_timeout} s; "
         f"a fresh {engines or settings.default_engines()}-engine cluster for each")
-    with GradingCluster(engines=engines) as gc:
+    with GradingCluster(engines=engines) as gc, warnings.catch_warnings():
+        # nbgrader's gradebook code trips SQLAlchemy's autoflush warnings; they mean nothing here
+        warnings.filterwarnings("ignore", message=".*not in session.*")
         for i, (student, aid, path) in enumerate(work, start=1):
             t0 = time.perf_counter()
             try:

@@ -187,6 +187,8 @@ def configure(c: Any, root: str, cell_timeout: int = 300, notebook_timeout: int 
     c.CourseExecute.timeout = cell_timeout
     c.CourseExecute.notebook_timeout = notebook_timeout
     c.CourseExecute.interrupt_on_timeout = True
+    # One kernel start-up warning per student (TCP on loopback) would drown the progress lines.
+    c.CourseExecute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\n" + STUB}
     # Ids are named in the gradebook by grade_id; keep our notebooks' ids as they are.
     c.CourseDirectory.root = str(root)

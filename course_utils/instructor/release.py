@@ -279,3 +279,31 @@ def stub_hint(heading: str, grade_id: str) -> str:
     return textwrap.shorten(
         f"{where}: replace this line with your code (instructions above), then run the "
         f"test cell below", 200)
+
+
+def bare_asserts(nb: NotebookNode) -> list[tuple[str, int, str, bool]]:
+    """``assert`` statements without a message in graded test cells, as
+    ``(grade_id, line number, line, in hidden tests)``: a learner who fails one sees a bare
+    ``AssertionError`` with nothing about what was expected or found."""
+    import ast
+
+    out = []
+    for cell in nb.cells:
+        if not _is_test(cell):
+            continue
+        src = "\n".join("" if ln.lstrip().startswith("%") else ln
+                        for ln in cell.source.splitlines())
+        try:
+            tree = ast.parse(src)
+        except SyntaxError:
+            continue
+        hidden = set()
+        for m in _HIDDEN_RE.finditer(cell.source):
+            first = cell.source[: m.start()].count("\n") + 1
+            hidden |= set(range(first, first + m.group(0).count("\n") + 1))
+        lines = src.splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assert) and node.msg is None:
+                out.append((nbgrader_meta(cell)["grade_id"], node.lineno,
+                            lines[node.lineno - 1].strip(), node.lineno in hidden))
+    return out
