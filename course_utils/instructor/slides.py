@@ -290,6 +290,7 @@ def exporter():  # noqa: ANN201 - nbconvert SlidesExporter
     c.SlidesExporter.reveal_height = "800"
     c.SlidesExporter.exclude_input_prompt = True
     c.SlidesExporter.exclude_output_prompt = True
+    c.SlidesExporter.anchor_link_text = ""  # a "¶" after every heading means nothing on a slide
     return SlidesExporter(config=c)
 
 
