@@ -1,7 +1,7 @@
 """The ``course`` command: a thin face over the library functions the notebooks use.
 
     course lab [--engines N] [--no-browser] [--port P] [-- jupyter args]
-    course doctor [--engines N] [--no-tf]
+    course doctor [--engines N] [--no-tf] [--profile PROFILE]
     course bench startup [--engines N]
     course stop
     course release | grade | feedback | slides   (the instructor's commands, see --help)
@@ -83,7 +83,8 @@ def cmd_lab(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .instructor.doctor import run_checks
 
-    results = run_checks(engines=args.engines, timeout=args.timeout, tf=not args.no_tf)
+    results = run_checks(engines=args.engines, timeout=args.timeout, tf=not args.no_tf,
+                         profile=args.profile)
     failed = [c for c in results if not c.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
@@ -127,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--engines", type=int, default=2)
     doc.add_argument("--timeout", type=float, default=60)
     doc.add_argument("--no-tf", action="store_true", help="skip the TensorFlow checks")
+    doc.add_argument("--profile", default=None,
+                     help="check a cluster profile instead (a slurm profile: the scheduler, "
+                          "its partition, a tiny job, then engines as a Slurm job)")
     doc.set_defaults(func=cmd_doctor)
 
     b = sub.add_parser("bench", help="benchmarks; prints a JSON line last")
