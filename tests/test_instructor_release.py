@@ -146,3 +146,21 @@ def test_every_graded_test_fails_on_the_release(course, path, tmp_path):
     assert not passed, f"these tests pass on the student release: {passed}"
     unreadable = [o.grade_id for o in outcomes if not o.error.split(":", 1)[-1].strip()]
     assert not unreadable, f"these tests fail with no message on the release: {unreadable}"
+
+
+def test_course_commands_are_thin_faces(tmp_path, capsys):
+    """`course release/grade/feedback/slides` call the library; errors end with a Fix line."""
+    from course_utils.cli import main
+
+    assert main(["release", str(tmp_path / "c"), "--unit", "0"]) == 0
+    assert "unit0" in capsys.readouterr().out
+    assert (tmp_path / "c" / "release" / "unit0" / UNITS[0].name).exists()
+    assert main(["slides", "--unit", "0", "--out", str(tmp_path / "decks")]) == 0
+    assert (tmp_path / "decks" / f"{UNITS[0].stem}.slides.html").exists()
+    (tmp_path / "class" / "nobody").mkdir(parents=True)
+    assert main(["grade", str(tmp_path / "class"), "--course", str(tmp_path / "c")]) == 1
+    assert main(["feedback", str(tmp_path / "c")]) == 1
+    assert main(["release", str(tmp_path / "d"), "--unit", "99"]) == 1
+    err = capsys.readouterr().err
+    assert "no submitted notebooks" in err and "nothing autograded" in err
+    assert "no notebook for unit(s) [99]" in err and err.count("Fix: ") == 3
