@@ -216,7 +216,7 @@ def build_class(course, folder: Path) -> dict[str, dict]:
         "g_test_edited": (_edit_test(R(), "pass"), 0, r"NotImplementedError"),
         "h_test_deleted": (_delete_test(R()), 0, r"NotImplementedError"),
         "i_malformed_json": (None, 0, r"not a valid notebook: NotJSONError"),
-        "z_full": (S(), 2, r"^$"),
+        "z_full": (S(), u.points, r"^$"),
     }
     out = {}
     for name, (nb, score, reason) in students.items():
@@ -308,7 +308,9 @@ def test_grades_csv_and_json_have_a_row_per_student_and_question(graded):
 
     result, expected, _, _ = graded
     rows = list(csv.DictReader(open(result.root / "grades.csv")))
-    assert [(r["student"], r["question"]) for r in rows] == [(s, "ex1-test") for s in expected]
+    tests = list(result.notebooks[0].questions)
+    assert [(r["student"], r["question"]) for r in rows] == [
+        (s, q.question) for s in expected for q in tests]
     assert all(r["reason"] for r in rows if r["passed"] == "False")
     doc = json.loads((result.root / "grades.json").read_text())
     assert doc["cell_timeout"] == CELL_TIMEOUT and len(doc["students"]) == len(expected)
@@ -326,7 +328,9 @@ def test_feedback_is_an_offline_html_page_per_graded_student(graded):
     assert {f.student for f in done} == set(expected) - {"i_malformed_json"}
     assert all(f.ok and len(f.html) == 1 for f in done)
     page = {f.student: f.html[0].read_text() for f in done}
-    assert "Score: 2.0 / 2.0" in page["z_full"] and "Score: 0.0 / 2.0" in page["b_raises"]
+    full = expected["z_full"]["score"]
+    assert f"Score: {full:.1f} / {full:.1f}" in page["z_full"]
+    assert f"Score: 0.0 / {full:.1f}" in page["b_raises"]
     assert "forgot the all_reduce" in page["b_raises"]
     for html in page.values():
         assert not re.search(r'<link[^>]+href="https?:', html), "stylesheet from the network"
