@@ -169,6 +169,9 @@ def run_checks(engines: int = 2, timeout: float = 60, tf: bool = True,
     if tf:
         add(check_tensorflow())
     add(check_hardware())
+    from .kernelspec import doctor_check as check_kernel  # the learner's Jupyter kernel
+
+    add(check_kernel())
     torch_ok = all(c.ok for c in results if c.name in ("torch", "ipyparallel"))
     tf_ok = tf and all(c.ok for c in results if c.name == "tensorflow")
     if torch_ok:
