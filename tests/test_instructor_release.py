@@ -64,7 +64,7 @@ def test_release_is_an_nbgrader_course_folder(course):
         assert sorted(a.name for a in gb.assignments) == sorted(u.assignment for u in course.units)
         for u in course.units:
             nb = gb.find_notebook(u.source.stem, u.assignment)
-            assert {c.name: c.max_score for c in nb.grade_cells} == u.tests
+            assert {c.name: c.max_score for c in nb.grade_cells} == {**u.tests, **u.answers}
 
 
 @pytest.mark.parametrize("path", UNITS, ids=[p.name for p in UNITS])
@@ -79,9 +79,11 @@ def test_no_solution_or_hidden_test_survives(course, path):
         m = nbgrader_meta(cell)
         if m.get("locked") or m.get("grade"):
             assert m.get("checksum"), f"{m['grade_id']} has no nbgrader checksum"
-        if m.get("solution"):
+        if m.get("solution") and cell.cell_type == "code":
             assert "raise NotImplementedError('" in cell.source, cell.source
             assert "replace this line with your code" in cell.source
+        elif m.get("solution"):  # a written answer, graded by hand
+            assert cell.source.strip() == "YOUR ANSWER HERE", cell.source
     assert graded_test_ids(released) == graded_test_ids(source)
 
 

@@ -61,6 +61,10 @@ class Question:
     def passed(self) -> bool:
         return self.score >= self.max_score > 0
 
+    @property
+    def by_hand(self) -> bool:
+        return self.note.startswith("graded by hand")
+
 
 @dataclass
 class NotebookGrade:
@@ -127,7 +131,7 @@ class ClassGrades:
         """The score table: one line per graded notebook."""
         lines = [f"{'student':<16} {'assignment':<10} {'score':>9} {'time':>7}  first reason"]
         for g in self.notebooks:
-            failed = next((q for q in g.questions if not q.passed), None)
+            failed = next((q for q in g.questions if not q.passed and not q.by_hand), None)
             why = g.error or (f"{failed.question}: {failed.reason}" if failed else "")
             lines.append(f"{g.student:<16} {g.assignment:<10} {g.score:>4g}/{g.max_score:<4g} "
                          f"{g.seconds:>6.1f}s  {why[:90]}")
@@ -401,7 +405,7 @@ def grade(submissions: str | Path, course: str | Path | None = None,
             g = _grade_one(Autograde, cfg, root, student, aid, path, known[path.name][1])
             g.seconds = time.perf_counter() - t0
             result.notebooks.append(g)
-            failed = next((q for q in g.questions if not q.passed), None)
+            failed = next((q for q in g.questions if not q.passed and not q.by_hand), None)
             why = g.error or (f"{failed.question}: {failed.reason}" if failed else "")
             say(f"[{i:>2}/{len(work)}] {student:<16} {aid:<8} {g.score:>4g}/{g.max_score:<4g} "
                 f"{g.seconds:>6.1f} s  {why[:100]}")
@@ -419,10 +423,10 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
 
     nb_id = path.stem
     released = nbformat.read(str(released_path), as_version=4)
-    tests = [c for c in released.cells
-             if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")]
+    graded = [c for c in released.cells if nbgrader_meta(c).get("grade")]  # tests + answers
+    tests = [c for c in graded if not nbgrader_meta(c).get("solution")]
     g = NotebookGrade(student, aid, path.name, 0.0,
-                      sum(float(nbgrader_meta(c).get("points", 0)) for c in tests), 0.0, "graded")
+                      sum(float(nbgrader_meta(c).get("points", 0)) for c in graded), 0.0, "graded")
     submitted: NotebookNode | None = None
     try:
         submitted = nbformat.read(str(path), as_version=4)
@@ -454,14 +458,25 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
                for o in c.get("outputs", [])):
             g.status = "timeout"
     scores: dict[str, float] = {}
+    by_hand: set[str] = set()
     with contextlib.suppress(MissingEntry), Gradebook(coursedir.db_url, coursedir.course_id) as gb:
         sub = gb.find_submission_notebook(nb_id, aid, student)
         for grade in sub.grades:
             if g.status == "error":  # nothing ran: what nbgrader does for a missing notebook
                 grade.auto_score, grade.needs_manual_grade = 0.0, False
             scores[grade.name] = float(grade.score or 0.0)
+            if grade.needs_manual_grade:
+                by_hand.add(grade.name)
         gb.db.commit()
-    for cell in tests:
+    for cell in graded:
+        if nbgrader_meta(cell).get("solution"):  # a written answer: nbgrader leaves it to a person
+            gid = nbgrader_meta(cell)["grade_id"]
+            pending = gid in by_hand
+            g.questions.append(Question(
+                gid, scores.get(gid, 0.0), float(nbgrader_meta(cell).get("points", 0)),
+                "", "graded by hand: open formgrader (nbgrader) in the course folder"
+                if pending else "graded by hand"))
+            continue
         gid = nbgrader_meta(cell)["grade_id"]
         pts = float(nbgrader_meta(cell).get("points", 0))
         score = scores.get(gid, 0.0) if g.status != "error" else 0.0

@@ -133,12 +133,13 @@ class UnitRelease:
     source: Path
     release: Path
     exercises: list[str]
-    tests: dict[str, float]
+    tests: dict[str, float]  # autograded test cells: grade_id -> points
     seconds: float
+    answers: dict[str, float] = field(default_factory=dict)  # written answers, graded by hand
 
     @property
     def points(self) -> float:
-        return sum(self.tests.values())
+        return sum(self.tests.values()) + sum(self.answers.values())
 
 
 @dataclass
@@ -147,10 +148,11 @@ class Release:
     units: list[UnitRelease] = field(default_factory=list)
 
     def table(self) -> str:
-        lines = [f"{'unit':<5} {'assignment':<11} {'tests':>5} {'points':>6}  release"]
+        lines = [f"{'unit':<5} {'assignment':<11} {'tests':>5} {'by hand':>7} {'points':>6}  "
+                 "release"]
         for u in self.units:
-            lines.append(f"{u.unit:<5} {u.assignment:<11} {len(u.tests):>5} {u.points:>6g}  "
-                         f"{u.release.relative_to(self.root)}")
+            lines.append(f"{u.unit:<5} {u.assignment:<11} {len(u.tests):>5} {len(u.answers):>7} "
+                         f"{u.points:>6g}  {u.release.relative_to(self.root)}")
         return "\n".join(lines)
 
 
@@ -212,6 +214,9 @@ def release(outdir: str | Path, units: list[int] | None = None,
                        if is_solution_cell(c)],
             tests={nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
                    for c in source_nb.cells if _is_test(c)},
+            answers={nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
+                     for c in source_nb.cells
+                     if nbgrader_meta(c).get("grade") and is_solution_cell(c)},
             seconds=time.perf_counter() - t0))
     return out
 
