@@ -336,3 +336,46 @@ def test_feedback_is_an_offline_html_page_per_graded_student(graded):
         assert not re.search(r'<link[^>]+href="https?:', html), "stylesheet from the network"
         external = re.findall(r'<script[^>]+src="(https?:[^"]+)"', html)
         assert all("mathjax" in s.lower() for s in external), external
+
+
+@pytest.mark.cluster
+def test_a_tiny_course_end_to_end_with_a_written_answer(tmp_path):
+    """release -> grade on a two-cell notebook: autograded test scored, the written answer
+    left to a person (pending, not failed), reasons for the student who did nothing."""
+    def nbg(gid, **kw):
+        return {"nbgrader": {"grade_id": gid, "grade": False, "solution": False, "locked": True,
+                             "schema_version": 3, **kw}}
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# Unit 0 — Tiny", metadata=nbg("intro")),
+        nbformat.v4.new_code_cell("def f():\n    ### BEGIN SOLUTION\n    return 42\n"
+                                  "    ### END SOLUTION", metadata=nbg("ex1-solution",
+                                                                      solution=True,
+                                                                      locked=False)),
+        nbformat.v4.new_code_cell('assert f() == 42, f"f() should return 42, got {f()}"',
+                                  metadata=nbg("ex1-test", grade=True, points=1)),
+        nbformat.v4.new_markdown_cell("### BEGIN SOLUTION\nA reference answer.\n"
+                                      "### END SOLUTION", metadata=nbg(
+                                          "answer", grade=True, solution=True, locked=False,
+                                          points=2)),
+    ])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    (tmp_path / "nbs").mkdir()
+    nbformat.write(nb, tmp_path / "nbs" / "00_tiny.ipynb")
+    rel = release(tmp_path / "course", notebook_dir=tmp_path / "nbs")
+    assert rel.units[0].tests == {"ex1-test": 1.0} and rel.units[0].answers == {"answer": 2.0}
+    released = read_nb(rel.units[0].release)
+    solved = _solved(released, read_nb(rel.units[0].source))
+    solved.cells[3].source = "My own words."
+    for name, book in (("ann", solved), ("bob", released)):
+        (tmp_path / "class" / name).mkdir(parents=True)
+        nbformat.write(book, tmp_path / "class" / name / "00_tiny.ipynb")
+    res = grade(tmp_path / "class", course=rel.root, progress=None)
+    ann, bob = res.notebooks
+    assert (ann.score, ann.max_score, bob.score) == (1.0, 3.0, 0.0)
+    assert [(q.question, q.score, q.by_hand) for q in ann.questions] == [
+        ("ex1-test", 1.0, False), ("answer", 0.0, True)]
+    assert "formgrader" in ann.questions[1].note and not ann.questions[1].reason
+    assert re.search(r"NotImplementedError: Exercise|NotImplementedError: Unit 0",
+                     bob.questions[0].reason), bob.questions[0].reason
