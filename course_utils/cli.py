@@ -6,6 +6,7 @@
     course bench startup [--engines N]
     course stop
     course viz-gallery OUTDIR [--ring-ranks 4] [--no-tf]
+    course release | grade | feedback | slides   (the instructor's commands, see --help)
 """
 
 from __future__ import annotations
@@ -176,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     vg.add_argument("--no-tf", action="store_true", help="skip the TensorFlow figures")
     vg.set_defaults(func=cmd_viz_gallery)
     lab_setup.add_commands(sub)
+
+    from .instructor.commands import register as register_instructor
+
+    register_instructor(sub)
     return p
 
 
