@@ -15,6 +15,11 @@ PLANS = {
     "03_pytorch_ddp.ipynb": "BBT",
     "04_tf_classic_ps.ipynb": "BTBT",
     "05_tf2_parameter_server_strategy.ipynb": "BTBT",
+    "07_performance.ipynb": "BTBT",
+    # Their bodies take minutes (an elastic torchrun drill, two capstone trainings) and run in
+    # nbval and on the release already: here set-up and teardown are re-run around one another.
+    "08_hangs_and_faults.ipynb": "STST",
+    "09_capstone.ipynb": "STST",
 }
 
 

@@ -98,8 +98,9 @@ def run_in_one_kernel(nb: NotebookNode, plan: str, timeout: int = 600,
     """Execute the notebook's code cells in ONE kernel following ``plan``, and return the errors.
 
     ``plan`` is a string of passes: ``B`` runs every code cell but the teardown, ``T`` runs the
-    teardown cells. ``"BTBT"`` is "run the whole notebook twice"; ``"BBT"`` re-runs every cell
-    against a live cluster before tearing down. Errors are ``(pass, cell index, ename, evalue)``.
+    teardown cells, ``S`` the set-up cells only. ``"BTBT"`` is "run the whole notebook twice";
+    ``"BBT"`` re-runs every cell against a live cluster before tearing down. Errors are
+    ``(pass, cell index, ename, evalue)``.
     """
     from nbclient import NotebookClient
 
@@ -109,6 +110,7 @@ def run_in_one_kernel(nb: NotebookNode, plan: str, timeout: int = 600,
     passes = {
         "B": [ic for ic, t in zip(code, is_teardown, strict=True) if not t],
         "T": [ic for ic, t in zip(code, is_teardown, strict=True) if t],
+        "S": [(i, c) for i, c in code if nbgrader_meta(c).get("grade_id", "").startswith("setup")],
     }
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                             resources={"metadata": {"path": str(cwd or NOTEBOOK_DIR)}})
