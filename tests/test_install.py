@@ -85,6 +85,10 @@ def test_wheel_ships_notebooks_and_profiles_and_runs_from_elsewhere(installed):
 @pytest.mark.slow
 def test_installed_course_doctor_passes(installed):
     t0 = time.perf_counter()
+    venv, env, cwd = installed["venv"], installed["env"], installed["cwd"]
+    kernel = subprocess.run([str(venv / "bin" / "course"), "kernel"], cwd=cwd, env=env,
+                            text=True, capture_output=True, timeout=120)  # as the README says
+    assert kernel.returncode == 0, kernel.stdout + kernel.stderr
     doctor = subprocess.run([str(installed["venv"] / "bin" / "course"), "doctor", "--no-tf"],
                             cwd=installed["cwd"], env=installed["env"], text=True,
                             capture_output=True, timeout=180)
