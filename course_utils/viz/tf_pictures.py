@@ -49,17 +49,27 @@ def _box(ax: Any, x: float, y: float, w: float, h: float, colour: str, text: str
 
 
 def _arrow(ax: Any, start: tuple[float, float], end: tuple[float, float], colour: str,
-           rad: float = 0.0, label: str = "", label_at: float = 0.5, fontsize: float = 8) -> None:
+           rad: float = 0.0, label: str = "", label_at: float = 0.5, fontsize: float = 8,
+           label_dx: float = 0.0) -> None:
     from matplotlib.patches import FancyArrowPatch
 
     ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=12, color=colour,
                                  linewidth=1.4, connectionstyle=f"arc3,rad={rad}",
                                  shrinkA=2, shrinkB=2))
     if label:
-        x = start[0] + (end[0] - start[0]) * label_at
+        x = start[0] + (end[0] - start[0]) * label_at + label_dx
         y = start[1] + (end[1] - start[1]) * label_at
         ax.text(x, y, label, color=colour, fontsize=fontsize, ha="center", va="center",
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 0.5})
+
+
+def _legend(ax: Any, items: Sequence[tuple[str, str]], loc: str = "lower center") -> None:
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([0], [0], color=c, linewidth=2, marker=">", markersize=6, label=t)
+               for c, t in items]
+    ax.legend(handles=handles, loc=loc, fontsize=8, frameon=False, ncol=len(items),
+              bbox_to_anchor=(0.5, -0.02))
 
 
 def _rank_label(rank: int, hosts: Sequence[str] | None) -> str:
@@ -99,34 +109,36 @@ def ps_cluster(roles: Mapping[str, Sequence[int]],
     widest = max(sum(1 for r in roles[j] if r == rank) for j in ("ps", "worker")
                  for rank in range(n_ranks))
     col_w = max(2.5, 1.15 * widest + 0.4)
-    fig, ax = plt.subplots(figsize=(2.9 * n_ranks + 2.4, 4.6))
+    fig, ax = plt.subplots(figsize=(2.6 * n_ranks + 2.6, 4.4))
     for rank in range(n_ranks):
-        _box(ax, rank * 3.0, (y_ps + y_worker) / 2, col_w, 4.4, "white", "", edge=RANK_EDGE,
+        _box(ax, rank * 3.0, (y_ps + y_worker) / 2, col_w, 3.9, "white", "", edge=RANK_EDGE,
              style="--")
-        ax.text(rank * 3.0, y_ps + 1.55, _rank_label(rank, hosts), ha="center", va="bottom",
+        ax.text(rank * 3.0, y_ps + 0.75, _rank_label(rank, hosts), ha="center", va="bottom",
                 fontsize=9, color="0.3")
     for w in range(len(roles["worker"])):
         for s in range(len(roles["ps"])):
             (xw, yw), (xs, ys) = pos[f"worker:{w}"], pos[f"ps:{s}"]
             first = w == 0 and s == 0
             _arrow(ax, (xs - 0.18, ys - 0.42), (xw - 0.18, yw + 0.42), PULL, rad=0.08,
-                   label="pull W, b" if first else "", label_at=0.35)
+                   label="pull W, b" if first else "", label_at=0.5, label_dx=-0.55)
             _arrow(ax, (xw + 0.18, yw + 0.42), (xs + 0.18, ys - 0.42), PUSH, rad=0.08,
-                   label="push gradients" if first else "", label_at=0.65)
+                   label="push\ngradients" if first else "", label_at=0.5, label_dx=0.55)
     for name, (x, y) in pos.items():
         job, idx = name.split(":")
         text = name
         if job == "worker" and chief_worker is not None and int(idx) == chief_worker:
-            text += "\n(chief)"
+            text += " (chief)"
         if spec is not None:
             text += f"\n{spec[job][int(idx)]}"
-        _box(ax, x, y, 1.05, 0.8, PS_COLOUR if job == "ps" else WORKER_COLOUR, text,
-             fontsize=7.5 if spec is not None else 9)
-    ax.text(-1.75, y_ps, "ps tasks:\nhold the\nvariables", ha="right", va="center", fontsize=8)
-    ax.text(-1.75, y_worker, "worker tasks:\ncompute\ngradients", ha="right", va="center",
+        _box(ax, x, y, 1.4 if spec is not None else 1.05, 0.8,
+             PS_COLOUR if job == "ps" else WORKER_COLOUR, text, fontsize=8)
+    ax.text(-1.6, y_ps, "ps tasks:\nhold the\nvariables", ha="right", va="center", fontsize=8)
+    ax.text(-1.6, y_worker, "worker tasks:\ncompute\ngradients", ha="right", va="center",
             fontsize=8)
-    ax.set_xlim(-3.0, 3.0 * (n_ranks - 1) + col_w / 2 + 0.3)
-    ax.set_ylim(y_worker - 1.0, y_ps + 2.3)
+    _legend(ax, [(PULL, "before a step: variables, ps -> worker"),
+                 (PUSH, "after it: gradients, worker -> ps")])
+    ax.set_xlim(-3.1, 3.0 * (n_ranks - 1) + col_w / 2 + 0.3)
+    ax.set_ylim(y_worker - 1.6, y_ps + 1.5)
     ax.set_aspect("equal")
     ax.axis("off")
     ax.set_title(title)
@@ -157,32 +169,42 @@ def ps_vs_all_reduce(roles: Mapping[str, Sequence[int]], world_size: int | None 
         for j, xp in enumerate(xs_ps):
             first = i == 0 and j == 0
             _arrow(left, (xp - 0.15, 1.78), (x - 0.15, 0.42), PULL, rad=0.05,
-                   label="pull" if first else "", label_at=0.3)
+                   label="pull W, b" if first else "", label_at=0.5, label_dx=-0.5)
             _arrow(left, (x + 0.15, 0.42), (xp + 0.15, 1.78), PUSH, rad=0.05,
-                   label="push grads" if first else "", label_at=0.7)
+                   label="push\ngradients" if first else "", label_at=0.5, label_dx=0.55)
     span = max(xs_ps + xs_w) + 1.2
     left.set_xlim(-span, span)
-    left.set_ylim(-0.9, 3.1)
+    left.set_ylim(-1.3, 3.1)
     left.set_aspect("equal")
     left.axis("off")
     left.set_title("parameter server (units 4-5)\nthe model lives on the ps", fontsize=10)
-    # Right: the ranks on a circle, arrows to the next rank.
+    left.text(0, -0.85, "each step: every worker pulls the variables,\ncomputes, pushes its "
+              "gradients; the ps applies them", ha="center", va="center", fontsize=8)
+    # Right: the ranks on a circle, an arrow from each rank to the next.
     angles = np.pi / 2 - 2 * np.pi * np.arange(n_ranks) / n_ranks
     radius = 1.3 if n_ranks > 2 else 1.0
     pts = [(radius * np.cos(a), 1.1 + radius * np.sin(a)) for a in angles]
     for r, (x, y) in enumerate(pts):
         _box(right, x, y, 1.25, 0.72, WORKER_COLOUR, f"rank {r}\nwhole model", fontsize=8)
-    if n_ranks > 1:
+    if n_ranks == 2:
+        (x0, y0), (x1, y1) = pts
+        _arrow(right, (x0 + 0.3, y0 - 0.38), (x1 + 0.3, y1 + 0.38), PUSH,
+               label="gradient\nchunks", label_dx=0.62)
+        _arrow(right, (x1 - 0.3, y1 + 0.38), (x0 - 0.3, y0 - 0.38), PUSH)
+    elif n_ranks > 2:
         for r in range(n_ranks):
-            (x0, y0), (x1, y1) = pts[r], pts[(r + 1) % n_ranks]
-            _arrow(right, (x0 + 0.3, y0 - 0.1), (x1 + 0.3, y1 + 0.1) if n_ranks == 2
-                   else (x1, y1), PUSH, rad=-0.35 if n_ranks == 2 else -0.2,
-                   label="gradient chunks" if r == 0 else "", label_at=0.5)
+            (x0, y0), (x1, y1) = np.array(pts[r]), np.array(pts[(r + 1) % n_ranks])
+            unit = (np.array([x1, y1]) - np.array([x0, y0]))
+            unit = unit / np.linalg.norm(unit)
+            a, b = np.array([x0, y0]) + 0.55 * unit, np.array([x1, y1]) - 0.55 * unit
+            _arrow(right, tuple(a), tuple(b), PUSH, label="gradient chunks" if r == 0 else "")
     right.set_xlim(-2.4, 2.4)
-    right.set_ylim(-0.9, 3.1)
+    right.set_ylim(-1.3, 3.1)
     right.set_aspect("equal")
     right.axis("off")
     right.set_title("all_reduce (units 1-3)\nevery rank holds the model", fontsize=10)
+    right.text(0, -0.85, "each step: ranks pass gradient chunks around\nthe ring; every rank "
+               "applies the same average", ha="center", va="center", fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     return fig
@@ -223,9 +245,9 @@ def coordinator_queue(roles: Mapping[str, Sequence[int]],
         for k in range(shown):
             ax.add_patch(plt.Rectangle((x_c - 1.3 + k * 0.2, height / 2 - 0.2), 0.16, 0.36,
                                        facecolor="tab:green", alpha=0.7))
-        more = f" (+{waiting - shown})" if waiting > shown else ""
         ax.text(x_c, height / 2 - 0.6,
-                f"queue: {waiting} of {queue['scheduled']} steps\nwaiting or running{more}",
+                f"queue: {waiting} of {queue['scheduled']} scheduled\nsteps not finished yet"
+                + (f" ({shown} drawn)" if waiting > shown else ""),
                 ha="center", va="center", fontsize=8)
     else:
         ax.text(x_c, height / 2 - 0.3, "queue of scheduled steps\n(schedule -> RemoteValue)",
@@ -236,11 +258,10 @@ def coordinator_queue(roles: Mapping[str, Sequence[int]],
         rank = roles["worker"][i]
         where = f"rank {rank}" + (f" on {hosts[rank]}" if hosts and rank < len(hosts) else "")
         _box(ax, x_w, y, 1.9, 0.9, WORKER_COLOUR, f"worker:{i}\n{where}", fontsize=8.5)
-        _arrow(ax, (x_c + 1.6, height / 2), (x_w - 1.0, y), "tab:green", rad=0.0,
-               label="next step" if i == 0 else "", label_at=0.45)
+        _arrow(ax, (x_c + 1.6, height / 2), (x_w - 1.0, y), "tab:green", rad=0.0)
     # ps tasks and their shards.
     ys_p = [height - (i + 0.5) * height / n_ps for i in range(n_ps)]
-    box_h = [0.42 * max(1, len(by_ps[i])) + 0.7 for i in range(n_ps)]
+    box_h = [0.36 * max(1, len(by_ps[i])) + 0.7 for i in range(n_ps)]
     for i, y in enumerate(ys_p):
         rank = roles["ps"][i]
         _box(ax, x_p, y, 3.4, box_h[i], PS_COLOUR, "")
@@ -250,14 +271,15 @@ def coordinator_queue(roles: Mapping[str, Sequence[int]],
             rows = sh.get("rows")
             shape = tuple(sh.get("shape", ()))
             part = f"rows {rows[0]}-{rows[1] - 1}" if rows and sh.get("split") else "whole"
-            ax.text(x_p, y + box_h[i] / 2 - 0.62 - 0.42 * k,
+            ax.text(x_p, y + box_h[i] / 2 - 0.6 - 0.36 * k,
                     f"{sh['var']} {part}  {shape}  {sh.get('bytes', 0):,} B",
                     ha="center", va="center", fontsize=8, family="monospace")
         for j, yw in enumerate(ys_w):
-            _arrow(ax, (x_w + 1.0, yw + 0.12), (x_p - 1.75, y + 0.12), PUSH, rad=0.0,
-                   label="read shards, assign_sub" if i == 0 and j == 0 else "", label_at=0.5)
+            _arrow(ax, (x_w + 1.0, yw + 0.12), (x_p - 1.75, y + 0.12), PUSH, rad=0.0)
+    _legend(ax, [("tab:green", "a free worker takes the next step from the queue"),
+                 (PUSH, "the step reads every shard and updates it on its own ps")])
     ax.set_xlim(-1.8, x_p + 1.9)
-    ax.set_ylim(-0.3, height + 0.3)
+    ax.set_ylim(-0.9, height + 0.3)
     ax.axis("off")
     ax.set_title(title)
     fig.tight_layout()
