@@ -1,8 +1,9 @@
 """The PyTorch track's helpers (collectives, train, viz, data.cifar10) and its exercise tests.
 
 Pure tests run anywhere; ``cluster`` tests use real engines and a real gloo group; the
-``slow`` mutation tests run notebooks 01-03 with *wrong* solutions (the mistakes learners make)
-and check that the graded test aimed at that mistake fails.
+``slow`` mutation tests run notebooks 01-02 with *wrong* solutions (the mistakes learners make)
+and check that the graded test aimed at that mistake fails. Unit 3's mistakes live in the
+mistakes catalogue (``tests/mistakes/u03_*.py``).
 """
 
 from __future__ import annotations
@@ -116,7 +117,8 @@ def test_models_are_seeded_and_shaped():
     a, b = train.digits_mlp(1), train.digits_mlp(1)
     assert torch.equal(train.flat_params(a), train.flat_params(b))
     assert not torch.equal(train.flat_params(a), train.flat_params(train.digits_mlp(2)))
-    cnn = train.seed_cnn(seed=0)
+    cnn = train.original_cnn(seed=0)
+    assert train.seed_cnn is train.original_cnn  # the former name still works
     assert cnn(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     assert len(list(cnn.parameters())) == 6
 
@@ -199,7 +201,7 @@ def save_everyone(m, o, epoch, path):
     torch.save({"model": m.state_dict(), "optimizer": o.state_dict(), "epoch": epoch}, path)
     dist.barrier()
 
-ck_model = DDP(train.seed_cnn(seed=0))
+ck_model = DDP(train.original_cnn(seed=0))
 ck_opt = torch.optim.SGD(ck_model.parameters(), lr=0.1, momentum=0.9)
 """
 
@@ -288,6 +290,46 @@ def test_engine_check_checkpoint(tcluster, tmp_path):
     assert every[1]["calls"] and every[0]["module_prefixed"]
 
 
+WRAPS = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
+from course_utils import data as _data
+
+_d = _data.digits_as_cifar(True)
+X, Y = torch.from_numpy(_d.x[:64]), torch.from_numpy(_d.y[:64])
+device = torch.device("cpu")
+
+def wrap_good(model):
+    return DDP(model.to(device))
+
+def wrap_gpu_ids(model):
+    return DDP(model.to(device), device_ids=[0])
+
+def sampler_padded(dataset, epoch):
+    s = DistributedSampler(dataset, num_replicas=2, rank=dist.get_rank(), seed=0)
+    s.set_epoch(epoch)
+    return s
+"""
+
+
+@pytest.mark.cluster
+def test_engine_check_ddp_and_sampler_report_what_the_tests_read(tcluster):
+    tcluster.view.execute("import torch.distributed as dist\n" + WRAPS, block=True)
+    good = tcluster.run(checks.engine_check_ddp, fn_name="wrap_good", timeout=60)
+    assert all(x["error"] is None and x["is_ddp"] for x in good)
+    assert all(x["param_spread"] == 0.0 and x["grad_spread"] == 0.0 for x in good)
+    assert all(x["vs_manual"] < 1e-5 for x in good)
+    bad = tcluster.run(checks.engine_check_ddp, fn_name="wrap_gpu_ids", timeout=60)
+    assert all("device_ids" in x["error"] and not x["is_ddp"] for x in bad)
+    # the process group is still usable after a wrap that raised on every rank
+    assert tcluster.run(checks.engine_check_ddp, fn_name="wrap_good", timeout=60)[0]["is_ddp"]
+    padded = tcluster.run(checks.engine_check_sampler, fn_name="sampler_padded", n=101,
+                          timeout=60)
+    assert [len(x["orders"][0]) for x in padded] == [51, 51] and padded[0]["drop_last"] is False
+    assert padded[0]["orders"][0] != padded[0]["orders"][1]
+
+
 # ---- the notebooks' tests catch real mistakes -----------------------------------------------
 MUTANTS = {
     "01-ring-uses-all_reduce": (
@@ -331,21 +373,6 @@ opt.step()
 dist.all_reduce(loss)
 return float(loss) / world_size
 """}, ["ex1-test"]),
-    "03-no-set_epoch-plain-model-no-barrier": (
-        "03_pytorch_ddp.ipynb", {
-            "ex1-solution": """
-return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0,
-                          drop_last=True)
-""",
-            "ex2-solution": """
-return model.to(device)
-""",
-            "ex3-solution": """
-if rank == 0:
-    torch.save({"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                "epoch": epoch}, path)
-""",
-        }, ["ex1-test", "ex2-test", "ex3-test"]),
 }
 
 

@@ -274,7 +274,7 @@ def coordinator_queue(roles: Mapping[str, Sequence[int]],
             ax.text(x_p, y + box_h[i] / 2 - 0.6 - 0.36 * k,
                     f"{sh['var']} {part}  {shape}  {sh.get('bytes', 0):,} B",
                     ha="center", va="center", fontsize=8, family="monospace")
-        for j, yw in enumerate(ys_w):
+        for yw in ys_w:
             _arrow(ax, (x_w + 1.0, yw + 0.12), (x_p - 1.75, y + 0.12), PUSH, rad=0.0)
     _legend(ax, [("tab:green", "a free worker takes the next step from the queue"),
                  (PUSH, "the step reads every shard and updates it on its own ps")])
