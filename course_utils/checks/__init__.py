@@ -6,11 +6,16 @@ function under observation and returns plain data for the test cell's asserts.
 
 from __future__ import annotations
 
+from .capstone import engine_check_capstone, engine_check_resume
 from .collectives import engine_check_all_reduce, engine_check_point_to_point_only
+from .faults import engine_check_atomic_save, engine_check_watchdog
 from .feedback import feedback
+from .performance import engine_check_overlap_dp
 from .tf_graph import engine_check_train_graph, engine_tf_one_step, engine_tf_servers
 from .training import engine_check_checkpoint, engine_check_ddp, engine_check_sampler
 
-__all__ = ["engine_check_all_reduce", "engine_check_checkpoint", "engine_check_ddp",
-           "engine_check_point_to_point_only", "engine_check_sampler", "engine_check_train_graph",
-           "engine_tf_one_step", "engine_tf_servers", "feedback"]
+__all__ = ["engine_check_all_reduce", "engine_check_atomic_save", "engine_check_capstone",
+           "engine_check_checkpoint", "engine_check_ddp", "engine_check_overlap_dp",
+           "engine_check_point_to_point_only", "engine_check_resume", "engine_check_sampler",
+           "engine_check_train_graph", "engine_check_watchdog", "engine_tf_one_step",
+           "engine_tf_servers", "feedback"]
