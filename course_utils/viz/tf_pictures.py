@@ -18,14 +18,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .style import _plt
+from .style import ROLE, _plt, styled
 
-PS_COLOUR = "#f6d8ae"      # ps tasks: they hold the variables
-WORKER_COLOUR = "#cfe2f3"  # worker tasks: they compute gradients
-CHIEF_COLOUR = "#d9ead3"   # the coordinator / chief
+# Light fills for the boxes; the arrows take the course's colours for pulls and pushes.
+PS_COLOUR = "#f9d9c4"      # ps tasks: they hold the variables (a tint of ROLE["ps"])
+WORKER_COLOUR = "#cfe3f2"  # worker tasks: they compute gradients (a tint of ROLE["worker"])
+CHIEF_COLOUR = "#cdeee3"   # the coordinator / chief (a tint of ROLE["ok"])
 RANK_EDGE = "0.55"
-PULL = "tab:orange"
-PUSH = "tab:blue"
+PULL = ROLE["pull"]
+PUSH = ROLE["push"]
+NEXT = ROLE["ok"]
 
 
 def _check_roles(roles: Mapping[str, Sequence[int]]) -> int:
@@ -91,6 +93,7 @@ def _task_positions(roles: Mapping[str, Sequence[int]], n_ranks: int, y_ps: floa
     return pos
 
 
+@styled
 def ps_cluster(roles: Mapping[str, Sequence[int]],
                spec: Mapping[str, Sequence[str]] | None = None,
                hosts: Sequence[str] | None = None, chief_worker: int | None = 0,
@@ -146,6 +149,7 @@ def ps_cluster(roles: Mapping[str, Sequence[int]],
     return fig
 
 
+@styled
 def ps_vs_all_reduce(roles: Mapping[str, Sequence[int]], world_size: int | None = None,
                      title: str = "two ways to share one model") -> Any:
     """Two panels for the same ranks: left, a parameter-server cluster (workers pull the
@@ -210,6 +214,7 @@ def ps_vs_all_reduce(roles: Mapping[str, Sequence[int]], world_size: int | None 
     return fig
 
 
+@styled
 def coordinator_queue(roles: Mapping[str, Sequence[int]],
                       shards: Sequence[Mapping[str, Any]],
                       queue: Mapping[str, int] | None = None,
@@ -244,7 +249,7 @@ def coordinator_queue(roles: Mapping[str, Sequence[int]],
         shown = min(waiting, 12)
         for k in range(shown):
             ax.add_patch(plt.Rectangle((x_c - 1.3 + k * 0.2, height / 2 - 0.2), 0.16, 0.36,
-                                       facecolor="tab:green", alpha=0.7))
+                                       facecolor=NEXT, alpha=0.7))
         ax.text(x_c, height / 2 - 0.6,
                 f"queue: {waiting} of {queue['scheduled']} scheduled\nsteps not finished yet"
                 + (f" ({shown} drawn)" if waiting > shown else ""),
@@ -258,7 +263,7 @@ def coordinator_queue(roles: Mapping[str, Sequence[int]],
         rank = roles["worker"][i]
         where = f"rank {rank}" + (f" on {hosts[rank]}" if hosts and rank < len(hosts) else "")
         _box(ax, x_w, y, 1.9, 0.9, WORKER_COLOUR, f"worker:{i}\n{where}", fontsize=8.5)
-        _arrow(ax, (x_c + 1.6, height / 2), (x_w - 1.0, y), "tab:green", rad=0.0)
+        _arrow(ax, (x_c + 1.6, height / 2), (x_w - 1.0, y), NEXT, rad=0.0)
     # ps tasks and their shards.
     ys_p = [height - (i + 0.5) * height / n_ps for i in range(n_ps)]
     box_h = [0.36 * max(1, len(by_ps[i])) + 0.7 for i in range(n_ps)]
@@ -276,7 +281,7 @@ def coordinator_queue(roles: Mapping[str, Sequence[int]],
                     ha="center", va="center", fontsize=8, family="monospace")
         for yw in ys_w:
             _arrow(ax, (x_w + 1.0, yw + 0.12), (x_p - 1.75, y + 0.12), PUSH, rad=0.0)
-    _legend(ax, [("tab:green", "a free worker takes the next step from the queue"),
+    _legend(ax, [(NEXT, "a free worker takes the next step from the queue"),
                  (PUSH, "the step reads every shard and updates it on its own ps")])
     ax.set_xlim(-1.8, x_p + 1.9)
     ax.set_ylim(-0.9, height + 0.3)
