@@ -119,6 +119,80 @@ def test_teardown_replaces_engines_that_hosted_servers(cluster):
     assert tf_dist.teardown(cluster) is False  # nothing hosted: no restart
 
 
+def test_register_server_names_tasks_and_refuses_a_second_server():
+    from course_utils.tf_dist import servers
+
+    saved = dict(servers._SERVERS)
+    a, b = object(), object()
+    try:
+        servers._SERVERS.clear()
+        tf_dist.register_server("ps:0", a)
+        tf_dist.register_server("ps:0", a)  # the same server again: fine (a re-run)
+        assert servers._engine_hosted() == ["ps:0"]
+        with pytest.raises(CourseError, match="already hosts a server for ps:0"):
+            tf_dist.register_server("ps:0", b)
+        for bad in ("chief:0", "ps", "worker:x"):
+            with pytest.raises(ValueError, match="job:index"):
+                tf_dist.register_server(bad, a)
+    finally:
+        servers._SERVERS.clear()
+        servers._SERVERS.update(saved)
+
+
+BY_HAND = """
+from course_utils import tf_dist
+tf = tf_dist.quiet_tensorflow()
+tf_servers = {}
+for job, index in tf_dist.tasks_on_rank(ROLES, rank):
+    tf_servers[f"{job}:{index}"] = tf.distribute.Server(
+        tf.train.ClusterSpec(SPEC), job_name=job, task_index=index,
+        config=tf_dist.server_config(SPEC), start=True)
+    tf_dist.register_server(f"{job}:{index}", tf_servers[f"{job}:{index}"])
+tf_cluster = SPEC
+worker_index = next((i for j, i in tf_dist.tasks_on_rank(ROLES, rank) if j == "worker"), None)
+"""
+
+
+@pytest.mark.cluster
+def test_servers_started_by_hand_are_checked_adopted_and_torn_down(cluster):
+    """Unit 4's path: ports from the engines, servers started by the learner's code and
+    registered, then checked, adopted, used for one step, and replaced by teardown."""
+    from course_utils import checks
+
+    tf_dist.teardown(cluster)
+    roles = tf_dist.plan_roles(cluster.world_size, num_ps=1)
+    ports = tf_dist.pick_ports(cluster, roles)
+    assert sorted(ports) == [("ps", 0), ("worker", 0), ("worker", 1)]
+    assert len(set(ports.values())) == 3
+    spec = tf_dist.cluster_dict(roles, [r.addr for r in cluster.ranks], ports)
+    cluster.push({"SPEC": spec, "ROLES": roles})
+    cluster.view.execute(BY_HAND, block=True)
+    assert tf_dist.hosted_by_rank(cluster) == [["ps:0", "worker:0"], ["worker:1"]]
+    report = cluster.run(checks.engine_tf_servers)
+    assert report[1] == {"worker:1": {"job": "worker", "task": 1, "port": ports[("worker", 1)]}}
+    with pytest.raises(tf_dist.TFServerNotAnswering, match="rank 0 hosts"):
+        tf_dist.adopt_servers(cluster, {"ps": [1], "worker": [0, 1]}, spec)
+    tfc = tf_dist.adopt_servers(cluster, roles, spec, timeout=5)
+    assert tf_dist.active() is tfc and tfc.cluster == spec and tfc.inter_op == 4
+    assert cluster.run_on(0, checks.engine_tf_one_step, timeout=60) == pytest.approx(0.6)
+    assert tf_dist.start_servers(cluster, num_ps=1) is tfc  # the helpers take over
+    old = set(cluster.ranks.engine_ids)
+    assert tf_dist.teardown(cluster) is True
+    assert set(cluster.ranks.engine_ids).isdisjoint(old)
+
+
+@pytest.mark.cluster
+def test_run_training_timeout_speaks_about_hooks_not_collectives(cluster):
+    cluster.view.execute("import time\ndef sleepy():\n    time.sleep(3)\n", block=True)
+    t0 = time.monotonic()
+    with pytest.raises(tf_dist.TFTimeout) as err:
+        tf_dist.run_training(cluster, "sleepy", timeout=1)
+    assert time.monotonic() - t0 < 10
+    assert "StopAtStepHook" in err.value.cause and "collective" not in err.value.cause
+    assert "teardown" in err.value.fix
+    time.sleep(3)  # let the engines finish sleeping before the next test
+
+
 # ---- the thread-pool guard -----------------------------------------------------------------
 IN_PROCESS = textwrap.dedent("""
     import os, sys

@@ -1,8 +1,8 @@
 """The PyTorch track's helpers (collectives, train, viz, data.cifar10) and its exercise tests.
 
 Pure tests run anywhere; ``cluster`` tests use real engines and a real gloo group; the
-``slow`` mutation tests run notebook 03 with *wrong* solutions (the mistakes learners make)
-and check that the graded test aimed at that mistake fails (units 0-2: tests/mistakes/).
+mistakes learners make live in the catalogue (``tests/mistakes/``, run by
+``tests/test_mistakes.py``).
 """
 
 from __future__ import annotations
@@ -17,12 +17,6 @@ import pytest
 matplotlib.use("Agg")
 
 from course_utils import checks, collectives, data, train, viz  # noqa: E402
-from course_utils.instructor.grading import (  # noqa: E402
-    NOTEBOOK_DIR,
-    failed_by_test,
-    read,
-    with_solution,
-)
 
 CID = f"pytest-torch-{os.getpid()}"
 
@@ -397,35 +391,41 @@ def dp_summed(model, opt, xb, yb):
     assert [r["step1"] for r in summed] == ["summed", "summed"]
 
 
-# ---- the notebooks' tests catch real mistakes -----------------------------------------------
-# Units 0-2's typical mistakes live in the catalogue (tests/mistakes/, run by
-# tests/test_mistakes.py), each failing its own test with a message that names the fix.
-MUTANTS = {
-    "03-no-set_epoch-plain-model-no-barrier": (
-        "03_pytorch_ddp.ipynb", {
-            "ex1-solution": """
-return DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True, seed=0,
-                          drop_last=True)
-""",
-            "ex2-solution": """
-return model.to(device)
-""",
-            "ex3-solution": """
-if rank == 0:
-    torch.save({"model": ddp_model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                "epoch": epoch}, path)
-""",
-        }, ["ex1-test", "ex2-test", "ex3-test"]),
-}
+WRAPS = """
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data.distributed import DistributedSampler
+from course_utils import data as _data
+
+_d = _data.digits_as_cifar(True)
+X, Y = torch.from_numpy(_d.x[:64]), torch.from_numpy(_d.y[:64])
+device = torch.device("cpu")
+
+def wrap_good(model):
+    return DDP(model.to(device))
+
+def wrap_gpu_ids(model):
+    return DDP(model.to(device), device_ids=[0])
+
+def sampler_padded(dataset, epoch):
+    s = DistributedSampler(dataset, num_replicas=2, rank=dist.get_rank(), seed=0)
+    s.set_epoch(epoch)
+    return s
+"""
 
 
 @pytest.mark.cluster
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(MUTANTS))
-def test_graded_tests_catch_a_wrong_solution(name):
-    notebook, bodies, must_fail = MUTANTS[name]
-    nb = read(NOTEBOOK_DIR / notebook)
-    for gid, body in bodies.items():
-        nb = with_solution(nb, gid, body)
-    got = failed_by_test(nb)
-    assert all(got[g] for g in must_fail), f"{name}: expected {must_fail} to fail, got {got}"
+def test_engine_check_ddp_and_sampler_report_what_the_tests_read(tcluster):
+    tcluster.view.execute("import torch.distributed as dist\n" + WRAPS, block=True)
+    good = tcluster.run(checks.engine_check_ddp, fn_name="wrap_good", timeout=60)
+    assert all(x["error"] is None and x["is_ddp"] for x in good)
+    assert all(x["param_spread"] == 0.0 and x["grad_spread"] == 0.0 for x in good)
+    assert all(x["vs_manual"] < 1e-5 for x in good)
+    bad = tcluster.run(checks.engine_check_ddp, fn_name="wrap_gpu_ids", timeout=60)
+    assert all("device_ids" in x["error"] and not x["is_ddp"] for x in bad)
+    # the process group is still usable after a wrap that raised on every rank
+    assert tcluster.run(checks.engine_check_ddp, fn_name="wrap_good", timeout=60)[0]["is_ddp"]
+    padded = tcluster.run(checks.engine_check_sampler, fn_name="sampler_padded", n=101,
+                          timeout=60)
+    assert [len(x["orders"][0]) for x in padded] == [51, 51] and padded[0]["drop_last"] is False
+    assert padded[0]["orders"][0] != padded[0]["orders"][1]

@@ -17,9 +17,12 @@ from .data_parallel import dp_step_problem, engine_check_dp_step
 from .faults import engine_check_atomic_save, engine_check_watchdog
 from .feedback import feedback
 from .performance import engine_check_overlap_dp
-from .training import engine_check_checkpoint
+from .tf_graph import engine_check_train_graph, engine_tf_one_step, engine_tf_servers
+from .training import engine_check_checkpoint, engine_check_ddp, engine_check_sampler
 
 __all__ = ["dp_step_problem", "engine_check_all_reduce", "engine_check_atomic_save",
-           "engine_check_capstone", "engine_check_checkpoint", "engine_check_dp_step",
-           "engine_check_overlap_dp", "engine_check_point_to_point_only", "engine_check_resume",
-           "engine_check_watchdog", "feedback", "learner_line", "ring_problem"]
+           "engine_check_capstone", "engine_check_checkpoint", "engine_check_ddp",
+           "engine_check_dp_step", "engine_check_overlap_dp", "engine_check_point_to_point_only",
+           "engine_check_resume", "engine_check_sampler", "engine_check_train_graph",
+           "engine_check_watchdog", "engine_tf_one_step", "engine_tf_servers", "feedback",
+           "learner_line", "ring_problem"]

@@ -11,17 +11,26 @@ What this sub-package decides, in one place:
   wait, torn down by replacing the engines that hosted them.
 
 Modules: :mod:`.spec` (pure: roles, ClusterSpec, TF_CONFIG), :mod:`.servers` (tasks on the
-engines), :mod:`.coordinator` (unit 5's kernel-side strategy), :mod:`.graph_v1` (unit 4's
-``tf.compat.v1`` sessions and traffic), :mod:`.quiet` (TensorFlow without start-up noise).
+engines), :mod:`.wiring` (unit 4's hand-started servers: ports, adoption, training calls),
+:mod:`.coordinator` (unit 5's kernel-side strategy), :mod:`.graph_v1` (unit 4's
+``tf.compat.v1`` sessions, traffic and step guard), :mod:`.quiet` (TensorFlow, quietly).
 Importing this package does not import TensorFlow.
 """
 
 from __future__ import annotations
 
-from .coordinator import connect_coordinator, join_within, watch_coordinator
+from .coordinator import (
+    connect_coordinator,
+    join_within,
+    prepare_chief,
+    variable_shards,
+    watch_coordinator,
+)
 from .graph_v1 import (
     cross_task_traffic,
+    guard_message,
     session_config,
+    step_guard,
     step_timeout_ms,
     task_of,
     wait_for_chief,
@@ -31,6 +40,7 @@ from .servers import (
     TFCluster,
     active,
     kill_rank,
+    register_server,
     reset_ps,
     start_servers,
     teardown,
@@ -51,12 +61,15 @@ from .spec import (
     tasks_on_rank,
     unanswered,
 )
+from .wiring import adopt_servers, hosted_by_rank, pick_ports, run_training
 
 __all__ = [
     "JOBS", "READY_TIMEOUT", "TFCluster", "TFServerNotAnswering", "TFTimeout", "active",
-    "cluster_dict", "connect_coordinator", "cross_task_traffic", "inter_op_threads",
-    "intra_op_threads", "join_within", "kill_rank", "make_tf_config", "plan_roles",
-    "quiet_tensorflow", "reset_ps", "server_config", "session_config", "short_error",
-    "split_address", "start_servers", "step_timeout_ms", "task_of", "tasks_on_rank",
-    "teardown", "unanswered", "wait_for_chief", "wait_ready", "watch_coordinator",
+    "adopt_servers", "cluster_dict", "connect_coordinator", "cross_task_traffic",
+    "guard_message", "hosted_by_rank", "inter_op_threads", "intra_op_threads", "join_within",
+    "kill_rank", "make_tf_config", "pick_ports", "plan_roles", "prepare_chief",
+    "quiet_tensorflow", "register_server", "reset_ps", "run_training", "server_config",
+    "session_config", "short_error", "split_address", "start_servers", "step_guard",
+    "step_timeout_ms", "task_of", "tasks_on_rank", "teardown", "unanswered",
+    "variable_shards", "wait_for_chief", "wait_ready", "watch_coordinator",
 ]

@@ -7,9 +7,10 @@ The kernel imports TensorFlow only inside :func:`connect_coordinator`.
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..cluster import CourseCluster, current, ports
@@ -27,13 +28,15 @@ def _kernel_address(cc: CourseCluster) -> str:
 
 
 
-def connect_coordinator(tfc: TFCluster | None = None, variable_partitioner: Any = None,
-                        timeout: float = READY_TIMEOUT,
-                        cluster: CourseCluster | None = None) -> Any:
-    """A ``ParameterServerStrategy`` whose coordinator (the "chief") is this kernel.
+def prepare_chief(tfc: TFCluster | None = None, timeout: float = READY_TIMEOUT,
+                  cluster: CourseCluster | None = None) -> str:
+    """Get this kernel ready to be the coordinator ("chief"); returns a fresh chief address.
 
-    Checks that every ps and worker answers first (bounded), then gives the kernel a fresh
-    chief port (its own gRPC server cannot be stopped either, so a re-run needs a new one).
+    Checks that every ps and worker answers first (bounded: a missing task would make the
+    strategy's constructor wait forever), sizes the kernel's thread pools (only possible before
+    TensorFlow's runtime started here), and picks a fresh port: the kernel's own gRPC server
+    cannot be stopped, so each new strategy needs a new one. Used by ``05_...`` before the
+    learner builds ``TF_CONFIG`` and the strategy.
     """
     cc = cluster or current()
     tfc = tfc or active()
@@ -42,20 +45,69 @@ def connect_coordinator(tfc: TFCluster | None = None, variable_partitioner: Any 
                                    "run cu.tf_dist.start_servers() first")
     wait_ready(tfc, timeout=timeout)
     tf = quiet_tensorflow()
-    threads = inter_op_threads(tfc.cluster)
     try:  # only possible before TF's runtime started in this kernel; later runs keep the first
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads(tfc.cluster))
         tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads())
     except RuntimeError:
         pass
     addr = _kernel_address(cc)
-    spec = {**tfc.cluster, "chief": [f"{addr}:{ports.free_port(addr)}"]}
+    return f"{addr}:{ports.free_port(addr)}"
+
+
+
+def connect_coordinator(tfc: TFCluster | None = None, variable_partitioner: Any = None,
+                        timeout: float = READY_TIMEOUT,
+                        cluster: CourseCluster | None = None) -> Any:
+    """A ``ParameterServerStrategy`` whose coordinator (the "chief") is this kernel.
+
+    What ``05_...``'s exercise builds by hand, in one call: :func:`prepare_chief`, then a
+    resolver on the servers' spec plus the chief, then the strategy.
+    """
+    tfc = tfc or active()
+    chief = prepare_chief(tfc, timeout=timeout, cluster=cluster)
+    tf = quiet_tensorflow()
+    spec = {**tfc.cluster, "chief": [chief]}
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
     strategy = tf.distribute.experimental.ParameterServerStrategy(
         resolver, variable_partitioner=variable_partitioner)
     _STATE["strategy_cluster"] = spec
     return strategy
+
+
+
+def variable_shards(variables: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One dict per shard of each named variable: which ps task holds it and which rows.
+
+    ``{"var": "W1", "ps": 1, "rows": (32, 64), "shape": (32, 32), "bytes": 4096, "split": True}``.
+    A variable that is not sharded is one entry with ``split: False``. Reads only ``shape``,
+    ``dtype`` and ``device``: no value crosses the network. Feeds
+    :func:`course_utils.viz.coordinator_queue` in ``05_...``.
+    """
+    out = []
+    for name, var in variables.items():
+        parts = list(getattr(var, "variables", None) or [var])
+        row = 0
+        for part in parts:
+            shape = tuple(int(d) for d in part.shape)
+            rows = shape[0] if shape else 1
+            size = getattr(part.dtype, "size", 4)
+            count = 1
+            for d in shape:
+                count *= d
+            out.append({"var": name, "ps": _ps_index(part.device), "rows": (row, row + rows),
+                        "shape": shape, "bytes": count * size, "split": len(parts) > 1})
+            row += rows
+    return out
+
+
+
+def _ps_index(device: str) -> int:
+    found = re.search(r"/job:ps/(?:replica:\d+/)?task:(\d+)", device or "")
+    if not found:
+        raise ValueError(f"{device!r} is not a device on a ps task: create the variable "
+                         "under strategy.scope()")
+    return int(found.group(1))
 
 
 

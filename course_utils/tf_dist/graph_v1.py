@@ -63,6 +63,63 @@ def wait_for_chief(target: str, timeout: float = 60.0, poll: float = 0.1) -> flo
 
 
 
+def guard_message(worker: int | None, runs: int, first: int, last: int, last_step: int,
+                  seconds: float) -> tuple[str, str]:
+    """(cause, fix) for a training loop stopped by :func:`step_guard`: did ``global_step``
+    advance, and which hook should have stopped the loop."""
+    who = "this worker" if worker is None else f"worker {worker}"
+    head = f"{who} ran {runs} session steps in {seconds:.0f} s without stopping"
+    if last == first:
+        return (f"{head}, and global_step stayed at {last}: train_op does not advance it, so "
+                f"StopAtStepHook(last_step={last_step}) can never fire",
+                "in build_graph, pass global_step to the optimizer: "
+                "opt.minimize(loss, global_step=global_step); then re-run the cells from there")
+    if last >= last_step:
+        return (f"{head}; global_step advanced from {first} to {last}, past last_step="
+                f"{last_step}, so StopAtStepHook(last_step={last_step}) should have stopped the "
+                "loop: the session does not have it, or the loop ignores sess.should_stop()",
+                "pass hooks=[tf.compat.v1.train.StopAtStepHook(last_step=steps), *hooks] to "
+                "MonitoredTrainingSession and loop `while not sess.should_stop():`")
+    return (f"{head}; global_step advanced from {first} to {last} of last_step={last_step}, "
+            "too slowly: each update waits on another task (a stuck worker, or a "
+            "SyncReplicasOptimizer waiting for gradients that never come)",
+            "check every worker runs the same graph with the same sync setting; run "
+            "tf_dist.teardown(cluster) and start the servers again")
+
+
+
+def step_guard(global_step: Any, last_step: int, limit_s: float = 30.0,
+               worker: int | None = None) -> Any:
+    """A ``SessionRunHook`` that ends a training loop still running after ``limit_s`` seconds
+    with a :class:`TFTimeout` saying whether ``global_step`` advanced and which hook should have
+    stopped the loop (instead of a silent multi-minute wait). Used by ``04_tf_classic_ps``."""
+    tf = quiet_tensorflow()
+
+    class StepGuard(tf.compat.v1.train.SessionRunHook):
+        def begin(self) -> None:
+            self.t0: float | None = None
+            self.first: int | None = None
+            self.runs = 0
+
+        def before_run(self, run_context: Any) -> Any:
+            if self.t0 is None:
+                self.t0 = time.monotonic()
+            return tf.compat.v1.train.SessionRunArgs(global_step)
+
+        def after_run(self, run_context: Any, run_values: Any) -> None:
+            step = int(run_values.results)
+            self.runs += 1
+            if self.first is None:
+                self.first = step
+            seconds = time.monotonic() - (self.t0 or 0.0)
+            if seconds > limit_s:
+                raise TFTimeout(*guard_message(worker, self.runs, self.first, step, last_step,
+                                               seconds))
+
+    return StepGuard()
+
+
+
 def task_of(device: str) -> str:
     """``"/job:ps/task:0/device:CPU:0"`` -> ``"/job:ps/task:0"`` (``""`` when unplaced)."""
     return device.split("/device")[0] if device else ""

@@ -221,6 +221,22 @@ _SERVERS: dict[str, Any] = {}
 
 
 
+def register_server(name: str, server: Any) -> None:
+    """Engine side (unit 4): record a ``tf.distribute.Server`` started by hand as ``"job:index"``.
+
+    Registered servers are what :func:`teardown` and :func:`start_servers` look for: the engine
+    is replaced (a gRPC server cannot be stopped) and nothing collides on a re-run.
+    """
+    job, _, index = name.partition(":")
+    if job not in JOBS or not index.isdigit():
+        raise ValueError(f"name a server 'job:index' with job in {JOBS}, got {name!r}")
+    if _SERVERS.get(name) not in (None, server):
+        raise PortInUse(f"this engine already hosts a server for {name}",
+                        "call cu.tf_dist.teardown() (restarts the engines), then start again")
+    _SERVERS[name] = server
+
+
+
 def _engine_hosted() -> list[str]:
     return sorted(_SERVERS)
 

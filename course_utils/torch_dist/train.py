@@ -1,7 +1,7 @@
 """Training helpers for the PyTorch track: models, flat views, replica checks, metrics.
 
 Introduced in ``02_data_parallel_from_scratch`` (digits MLP, batches, the single-process
-reference, ``replica_spread``) and ``03_pytorch_ddp`` (the seed's CNN, ``reduce_metrics``).
+reference, ``replica_spread``) and ``03_pytorch_ddp`` (``original_cnn``, ``reduce_metrics``).
 Everything here runs on the engines (torch is imported lazily, so importing this module in the
 notebook kernel stays cheap). Functions marked *collective* must be called by every rank.
 """
@@ -33,12 +33,13 @@ def digits_mlp(seed: int, hidden: int = 32) -> nn.Module:
         return nn.Sequential(nn.Linear(64, hidden), nn.Tanh(), nn.Linear(hidden, 10))
 
 
-def seed_cnn(num_classes: int = 10, seed: int | None = None) -> nn.Module:
-    """The seed program's CNN for 3x32x32 images, with its one bug fixed.
+def original_cnn(num_classes: int = 10, seed: int | None = None) -> nn.Module:
+    """The original PyTorch program's CNN for 3x32x32 images, with its one bug fixed.
 
-    The seed wrote ``nn.Linear(1600, 10)``: 1600 = 64*5*5 is the size for 28x28 inputs. On
-    32x32 CIFAR-10 images the feature map is 64x6x6 = 2304, so the seed crashes with a shape
-    error at its first batch. Introduced in ``03_pytorch_ddp``.
+    The original wrote ``nn.Linear(1600, 10)``: 1600 = 64*5*5 is the size for 28x28 inputs. On
+    32x32 CIFAR-10 images the feature map is 64x6x6 = 2304, so the original crashes with a
+    shape error at its first batch. ``seed`` is the random seed of the initial weights.
+    Introduced in ``03_pytorch_ddp``.
     """
     import torch
     from torch import nn
@@ -51,6 +52,10 @@ def seed_cnn(num_classes: int = 10, seed: int | None = None) -> nn.Module:
             nn.Conv2d(32, 64, 3, 1), nn.ReLU(), nn.MaxPool2d(2),
             nn.Flatten(), nn.Linear(64 * 6 * 6, num_classes),
         )
+
+
+#: The former name of :func:`original_cnn` (kept so older code keeps working).
+seed_cnn = original_cnn
 
 
 def flat_params(model: nn.Module) -> torch.Tensor:
