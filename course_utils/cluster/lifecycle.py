@@ -416,10 +416,75 @@ def _new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
     return cl
 
 
+def _remote_profile_base(pdir: str) -> str:
+    """Where SSH hosts keep their copy of the profile: like ipyparallel, relative to the remote
+    home when the local profile is under this home (``.ipython/profile_course``)."""
+    home = os.path.expanduser("~").rstrip("/") + "/"
+    return pdir[len(home):] if pdir.startswith(home) else pdir
+
+
+def ssh_preflight(prof: ClusterProfile, timeout: float = 15.0) -> dict[str, str]:
+    """``ssh HOST true`` to every host of an SSH profile at once; host -> why it failed.
+
+    Empty when every host answers. Bounded by ``timeout`` (plus ssh's ConnectTimeout), so an
+    unreachable host costs seconds, not a hung start. Used by :func:`_start_engines` and by
+    ``course doctor --hosts``.
+    """
+    import subprocess
+
+    procs = {h.host: subprocess.Popen(prof.ssh_argv(h, "true"), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True)
+             for h in prof.hosts}
+    deadline = time.monotonic() + timeout
+    failed: dict[str, str] = {}
+    for host, p in procs.items():
+        try:
+            _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            failed[host] = f"no answer within {timeout:g} s"
+            continue
+        if p.returncode != 0:
+            lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+            failed[host] = lines[-1] if lines else f"ssh exited {p.returncode}"
+    return failed
+
+
 def _start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
     threads = settings.threads_per_engine(prof.engines_per_host(n))
     env = prof.engine_env(n, threads)
-    cl.start_engines_sync(n, environment=env)
+    if prof.launcher != "ssh":
+        cl.start_engines_sync(n, environment=env)
+        return
+    # SSH: every host must answer before any engine starts (a clear error naming the host,
+    # instead of engines left running on the hosts that did answer).
+    failed = ssh_preflight(prof)
+    if failed:
+        raise EnginesDidNotStart(
+            "cannot reach " + "; ".join(f"host {h!r} over ssh ({why})"
+                                        for h, why in failed.items()),
+            "check that the host is up and its sshd runs, then `ssh "
+            f"{' '.join(prof.ssh_argv(next(iter(failed)), 'true')[1:-1])} true` works; "
+            "`course doctor --hosts PROFILE` checks every host",
+        )
+    # Set fresh on every start (ipyparallel consumes the per-host dicts): per host its engine
+    # count, interpreter, remote profile folder and environment (with COURSE_NODE: which host).
+    cl.config.SSHEngineSetLauncher.engines = prof.ssh_engines(
+        env, _remote_profile_base(cl.profile_dir))
+    try:
+        cl.start_engines_sync(prof.engine_count(n), environment=env)
+    except Exception as exc:
+        launched = list(cl.engines.values())[-1].launchers if cl.engines else {}
+        host = next(reversed(launched), "?/").rsplit("/", 1)[0] if launched else "?"
+        raise EnginesDidNotStart(
+            f"could not start an engine on host {host!r} over ssh: "
+            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}",
+            "check the host's python path in the profile (it needs ipyparallel and the course "
+            "installed) and that it can reach controller_ip; `course doctor --hosts PROFILE` "
+            "names the failing check",
+        ) from exc
 
 
 def _stop_engines(cl: ipp.Cluster, kill: bool = False) -> None:
@@ -512,6 +577,9 @@ def _start_new(cid: str, prof: ClusterProfile, n: int, timeout: float) -> Course
     try:
         _start_engines(cl, prof, n)
         client = cl.connect_client_sync()
+    except EnginesDidNotStart:
+        _stop_cluster(cl)
+        raise
     except Exception as exc:
         _stop_cluster(cl)
         raise EnginesDidNotStart(

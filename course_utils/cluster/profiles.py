@@ -172,8 +172,11 @@ class ClusterProfile:
             launcher.scp_cmd = list(self.scp_cmd)
             launcher.ssh_args = self.ssh_options()
             launcher.scp_args = self.ssh_options()
+            from .ssh_launcher import CourseSSHEngineSetLauncher
+
             kw = {
-                "engines": "ssh",
+                # ipyparallel's SSH launcher, starting the hosts in parallel (ssh_launcher.py)
+                "engines": CourseSSHEngineSetLauncher,
                 "controller_ip": self.controller_ip,
                 "controller_location": self.controller_ip or "",
                 "config": cfg,

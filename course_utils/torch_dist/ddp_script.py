@@ -75,8 +75,16 @@ def pick_backend(requested: str, local_rank: int) -> str:
         else "gloo"
 
 
-def train(args: argparse.Namespace) -> dict[str, Any]:
-    """Join the process group torchrun prepared, train ``args.steps`` steps, return a summary."""
+def train_steps(steps: int, batch: int = 32, lr: float = 0.05, seed: int = 0,
+                device: Any = None) -> dict[str, Any]:
+    """*Collective.* Unit 3's DDP loop for ``steps`` steps in the current process group.
+
+    The model is :func:`course_utils.torch_dist.train.seed_cnn` (``seed``) wrapped in DDP, the
+    data the offline digits at 3x32x32 sharded by ``DistributedSampler`` (``set_epoch`` every
+    epoch), SGD with momentum 0.9. Returns the last reduced metrics, the replica spread and a
+    checksum of this rank's weights (equal on every rank when DDP kept the replicas equal).
+    Runs in a script under torchrun (:func:`train`) and on the engines (unit 6).
+    """
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -87,7 +95,50 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     from course_utils import data
     from course_utils.torch_dist import train as tr
 
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = device or torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    raw = data.digits_as_cifar(train=True)
+    x = (torch.from_numpy(raw.x) - 0.5) / 0.5
+    y = torch.from_numpy(raw.y)
+    dataset = TensorDataset(x, y)
+    model = DDP(tr.seed_cnn(seed=seed).to(device),
+                device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
+                                 seed=seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=batch, sampler=sampler)
+    step, epoch, metrics = 0, 0, {"loss": float("nan"), "accuracy": float("nan")}
+    t0 = time.perf_counter()
+    while step < steps:
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            xb, yb = xb.to(device), yb.to(device)
+            opt.zero_grad()
+            out = model(xb)
+            loss = F.cross_entropy(out, yb)
+            loss.backward()  # DDP all-reduces the gradient buckets here
+            opt.step()
+            metrics = tr.reduce_metrics(loss.item() * len(yb), int((out.argmax(1) == yb).sum()),
+                                        len(yb))
+            step += 1
+            if step >= steps:
+                break
+        epoch += 1
+    train_s = time.perf_counter() - t0
+    return {
+        "rank": rank, "world_size": world, "host": socket.gethostname(), "data": raw.name,
+        "steps": step, "loss": metrics["loss"], "accuracy": metrics["accuracy"],
+        "checksum": weights_checksum(tr.flat_params(model.module)),
+        "replica_spread": tr.replica_spread(model.module), "train_s": round(train_s, 3),
+        "model": model,
+    }
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Join the process group torchrun prepared, train ``args.steps`` steps, return a summary."""
+    import torch
+    import torch.distributed as dist
+
     local_rank = int(os.environ["LOCAL_RANK"])
     threads = int(os.environ.get("COURSE_THREADS", "0") or 0)
     if threads:
@@ -103,49 +154,18 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
                             timeout=datetime.timedelta(seconds=args.timeout))
     joined = time.perf_counter() - t0
     try:
-        raw = data.digits_as_cifar(train=True)
-        x = (torch.from_numpy(raw.x) - 0.5) / 0.5
-        y = torch.from_numpy(raw.y)
-        dataset = TensorDataset(x, y)
-        model = DDP(tr.seed_cnn(seed=args.seed).to(device),
-                    device_ids=[device.index] if device.type == "cuda" else None)
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
-                                     seed=args.seed, drop_last=True)
-        loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler)
-        step, epoch, metrics = 0, 0, {}
-        t1 = time.perf_counter()
-        while step < args.steps:
-            sampler.set_epoch(epoch)
-            for xb, yb in loader:
-                xb, yb = xb.to(device), yb.to(device)
-                opt.zero_grad()
-                out = model(xb)
-                loss = F.cross_entropy(out, yb)
-                loss.backward()  # DDP all-reduces the gradient buckets here
-                opt.step()
-                metrics = tr.reduce_metrics(loss.item() * len(yb),
-                                            int((out.argmax(1) == yb).sum()), len(yb))
-                step += 1
-                if step >= args.steps:
-                    break
-            epoch += 1
-        train_s = time.perf_counter() - t1
-        spread = tr.replica_spread(model.module)
-        flat = tr.flat_params(model.module)
-        if args.checkpoint and rank == 0:
+        res = train_steps(args.steps, args.batch, args.lr, args.seed, device)
+        model = res.pop("model")
+        if args.checkpoint and res["rank"] == 0:
             tmp = args.checkpoint + ".tmp"
-            torch.save({"model": model.module.state_dict(), "steps": step}, tmp)
+            torch.save({"model": model.module.state_dict(), "steps": res["steps"]}, tmp)
             os.replace(tmp, args.checkpoint)
         dist.barrier()
         return {
-            "rank": rank, "world_size": world, "local_rank": local_rank,
+            **res, "local_rank": local_rank,
             "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),
-            "host": socket.gethostname(), "master": f"{os.environ['MASTER_ADDR']}:"
-                                                   f"{os.environ['MASTER_PORT']}",
-            "backend": backend, "data": raw.name, "steps": step, "loss": metrics["loss"],
-            "accuracy": metrics["accuracy"], "checksum": weights_checksum(flat),
-            "replica_spread": spread, "join_s": round(joined, 3), "train_s": round(train_s, 3),
+            "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+            "backend": backend, "join_s": round(joined, 3),
         }
     finally:
         dist.destroy_process_group()
