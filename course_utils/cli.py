@@ -1,7 +1,7 @@
 """The ``course`` command: a thin face over the library functions the notebooks use.
 
     course lab [--engines N] [--no-browser] [--port P] [-- jupyter args]
-    course doctor [--engines N] [--no-tf]
+    course doctor [--engines N] [--no-tf] [--hosts PROFILE]
     course bench startup [--engines N]
     course stop
 """
@@ -80,6 +80,11 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.hosts:  # two-host workshops: check every host of an SSH profile (unit 6)
+        from .instructor.doctor_hosts import run_host_checks
+
+        results = run_host_checks(args.hosts, timeout=args.timeout)
+        return 1 if any(c.status == "FAIL" for c in results) else 0
     from .instructor.doctor import run_checks
 
     results = run_checks(engines=args.engines, timeout=args.timeout, tf=not args.no_tf)
@@ -126,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--engines", type=int, default=2)
     doc.add_argument("--timeout", type=float, default=60)
     doc.add_argument("--no-tf", action="store_true", help="skip the TensorFlow checks")
+    doc.add_argument("--hosts", metavar="PROFILE", default=None,
+                     help="check every host of an SSH profile (ssh, python, GPUs, interface, "
+                          "shared paths, ports, a cross-host all_reduce)")
     doc.set_defaults(func=cmd_doctor)
 
     b = sub.add_parser("bench", help="benchmarks; prints a JSON line last")

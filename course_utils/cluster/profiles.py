@@ -13,6 +13,8 @@ A profile file (``profiles/two-hosts.toml`` is the worked example; unit 6 explai
     user = "course"                    # optional: ssh user (else ssh_config's or yours)
     ssh_config = "~/.ssh/course"       # optional: ssh -F FILE (aliases, keys, known_hosts)
     ssh_args = ["-o", "ConnectTimeout=5"]   # optional: more options for ssh and scp
+    shared_paths = ["/data/course"]    # optional: folders every host must see (doctor checks;
+                                       # the course folder itself is always checked)
     [[hosts]]
     host = "gpu-a"                     # an ssh destination; rank 0 lands on the first host
     engines = 2                        # one engine per GPU: local ranks 0 and 1
@@ -78,6 +80,7 @@ class ClusterProfile:
     ssh_cmd: tuple[str, ...] = ("ssh",)
     scp_cmd: tuple[str, ...] = ("scp",)
     slurm: dict[str, Any] = field(default_factory=dict)
+    shared_paths: tuple[str, ...] = ()
     path: str | None = None
 
     @property
@@ -309,6 +312,7 @@ def profile_from_dict(data: dict[str, Any], name: str = "custom",
         ssh_cmd=_str_list(data.get("ssh_cmd", ["ssh"]), "ssh_cmd", name),
         scp_cmd=_str_list(data.get("scp_cmd", ["scp"]), "scp_cmd", name),
         slurm=dict(slurm),
+        shared_paths=_str_list(data.get("shared_paths", []), "shared_paths", name),
         path=str(base) if base is not None else None,
     )
 
