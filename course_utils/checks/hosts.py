@@ -68,6 +68,24 @@ def engine_all_reduce_time(nbytes: int = 16 * 2**20, iters: int = 5) -> dict[str
             "busbw_GBps": busbw(nbytes, seconds, dist.get_world_size())}
 
 
+def engine_all_reduce_for(seconds: float, nbytes: int = 2**20) -> int:
+    """*Collective.* all_reduce ``nbytes`` again and again for ``seconds``; returns the count.
+
+    Unit 6 and its tests pull a cable in the middle of it: the collective timeout of the
+    process group (``cu.init_torch(timeout=...)``) turns the stall into an error.
+    """
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    t, n, end = torch.ones(nbytes // 4), 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        dist.all_reduce(t)
+        n += 1
+    return n
+
+
 def engine_ddp_steps(steps: int = 4, seed: int = 0) -> dict[str, Any]:
     """*Collective.* Unit 3's DDP training for ``steps`` steps (the torchrun script's loop,
     :func:`course_utils.torch_dist.ddp_script.train_steps`) in the current process group."""

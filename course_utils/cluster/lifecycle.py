@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -378,16 +379,26 @@ def _engine_error(exc: Exception, cc: CourseCluster) -> EngineError:
     errors = exc.elist if isinstance(exc, ipp.error.CompositeError) else [
         (exc.ename, exc.evalue, exc.traceback, exc.engine_info)
     ]
+    died = []
     for ename, evalue, _tb, info in errors:
         eid = (info or {}).get("engine_id")
+        lost = re.match(r"Engine (\d+) died", str(evalue)) if ename == "EngineError" else None
+        if eid is None and lost:  # the controller lost its heartbeat: process or host gone
+            eid = int(lost.group(1))
         where = f"engine {eid}"
         if eid is not None and cc.rank_map is not None and cc._has_engine(eid):
-            where = f"rank {cc.ranks.by_engine(eid).rank}"
+            info_r = cc.ranks.by_engine(eid)
+            where = f"rank {info_r.rank} on {info_r.host}" if len(cc.ranks.hosts) > 1 \
+                else f"rank {info_r.rank}"
+        if lost:
+            died.append(where)
+            evalue = "died or lost contact with the controller (its process or its host is gone)"
         lines.append(f"[{where}] {ename}: {evalue}")
-    return EngineError(
-        "code failed on the engines:\n  " + "\n  ".join(lines),
-        "read the rank's error above; fix the code and re-run the cell",
-    )
+    fix = "read the rank's error above; fix the code and re-run the cell"
+    if died:
+        fix = (f"{', '.join(died)} is gone: check that host (network, `course doctor --hosts`), "
+               "then run cu.restart() to replace the engines and rebuild the process group")
+    return EngineError("code failed on the engines:\n  " + "\n  ".join(lines), fix)
 
 
 def _new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
@@ -452,7 +463,17 @@ def ssh_preflight(prof: ClusterProfile, timeout: float = 15.0) -> dict[str, str]
     return failed
 
 
+def _owner_only(cl: ipp.Cluster) -> None:
+    """The cluster file (pids, hosts, ports) readable by its owner only, like the connection
+    files the controller writes (0600): another user on a shared host learns nothing."""
+    path = getattr(cl, "cluster_file", "")
+    if path and os.path.exists(path):
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o600)
+
+
 def _start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
+    _owner_only(cl)
     threads = settings.threads_per_engine(prof.engines_per_host(n))
     env = prof.engine_env(n, threads)
     if prof.launcher != "ssh":
@@ -469,10 +490,15 @@ def _start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
             f"{' '.join(prof.ssh_argv(next(iter(failed)), 'true')[1:-1])} true` works; "
             "`course doctor --hosts PROFILE` checks every host",
         )
-    # Set fresh on every start (ipyparallel consumes the per-host dicts): per host its engine
-    # count, interpreter, remote profile folder and environment (with COURSE_NODE: which host).
-    cl.config.SSHEngineSetLauncher.engines = prof.ssh_engines(
-        env, _remote_profile_base(cl.profile_dir))
+    # Set on every start, also on a cluster loaded from its file (a kernel that joined course
+    # lab's cluster and restarts it): per host its engine count, interpreter, remote profile
+    # folder and environment (with COURSE_NODE: which host), and the ssh/scp commands.
+    for key, value in prof.ssh_launcher_settings(
+            env, _remote_profile_base(cl.profile_dir)).items():
+        setattr(cl.config.SSHEngineSetLauncher, key, value)
+    from .ssh_launcher import CourseSSHEngineSetLauncher
+
+    cl.engine_launcher_class = CourseSSHEngineSetLauncher
     try:
         cl.start_engines_sync(prof.engine_count(n), environment=env)
     except Exception as exc:

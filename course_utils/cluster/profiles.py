@@ -157,6 +157,16 @@ class ClusterProfile:
             out[self.destination(h)] = cfg
         return out
 
+    def ssh_launcher_settings(self, env: dict[str, str], remote_base: str) -> dict[str, Any]:
+        """Every ``SSHEngineSetLauncher`` setting of this profile: hosts, ssh and scp."""
+        return {
+            "engines": self.ssh_engines(env, remote_base),
+            "ssh_cmd": list(self.ssh_cmd),
+            "scp_cmd": list(self.scp_cmd),
+            "ssh_args": self.ssh_options(),
+            "scp_args": self.ssh_options(),
+        }
+
     def cluster_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``ipyparallel.Cluster`` that select the launchers.
 
@@ -169,12 +179,8 @@ class ClusterProfile:
             from traitlets.config import Config
 
             cfg = Config()
-            launcher = cfg.SSHEngineSetLauncher
-            launcher.engines = self.ssh_engines({}, ".ipython/profile_course")
-            launcher.ssh_cmd = list(self.ssh_cmd)
-            launcher.scp_cmd = list(self.scp_cmd)
-            launcher.ssh_args = self.ssh_options()
-            launcher.scp_args = self.ssh_options()
+            for key, value in self.ssh_launcher_settings({}, ".ipython/profile_course").items():
+                setattr(cfg.SSHEngineSetLauncher, key, value)
             from .ssh_launcher import CourseSSHEngineSetLauncher
 
             kw = {

@@ -36,11 +36,17 @@ RDZV_PORT = 29400
 def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
                   rdzv_id: str = "course", torchrun: str = "torchrun",
                   module: str = SCRIPT_MODULE, script_args: Sequence[str] = (),
-                  max_restarts: int = 0) -> list[str]:
+                  max_restarts: int = 0, local_addr: str | None = None,
+                  is_host: bool | None = None) -> list[str]:
     """The ``torchrun`` argv that every node runs (the same line on each node).
 
     ``rdzv_endpoint`` is ``host:port`` of the c10d store (on the first node); ``nnodes=1``
-    works too (a one-host run with the same flags).
+    works too (a one-host run with the same flags). ``local_addr``: this node's address on the
+    shared link; without it torchrun advertises the node's host name, which the other nodes
+    must resolve to that address (cloned hosts sharing a name resolve it to themselves).
+    ``is_host``: whether this node runs the c10d store. torchrun decides it by comparing the
+    endpoint with the node's host name and addresses; hosts that share a host name, or an
+    endpoint given as an address the name does not resolve to, need it said explicitly.
     """
     if nnodes < 1 or nproc_per_node < 1:
         raise ValueError(f"nnodes={nnodes} and nproc_per_node={nproc_per_node} must be >= 1")
@@ -49,7 +55,10 @@ def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
     return [
         torchrun, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
-        f"--max-restarts={max_restarts}", "-m", module, *script_args,
+        f"--max-restarts={max_restarts}",
+        *([f"--local-addr={local_addr}"] if local_addr else []),
+        *([f"--rdzv-conf=is_host={int(is_host)}"] if is_host is not None else []),
+        "-m", module, *script_args,
     ]
 
 
@@ -91,8 +100,10 @@ def make_sbatch_script(
     """
     prof = load_profile(profile) if not isinstance(profile, ClusterProfile) else profile
     slurm = dict(prof.slurm)
-    nodes = nodes or (len(prof.hosts) if prof.hosts else 1)
-    nproc = nproc_per_node or (prof.engines_per_host(prof.engines or 2))
+    if nodes is None:
+        nodes = len(prof.hosts) if prof.hosts else 1
+    nproc = nproc_per_node if nproc_per_node is not None else \
+        prof.engines_per_host(prof.engines or 2)
     python = python or next((h.python for h in prof.hosts if h.python), None) \
         or prof.engine_python or sys.executable
     gpus = gpus_per_node if gpus_per_node is not None else slurm.get("gpus_per_node")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ipyparallel.cluster.launcher import SSHEngineSetLauncher
+from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
 
 #: ssh commands per host (kill) give up after this many seconds.
 SSH_COMMAND_TIMEOUT = 20.0
@@ -47,8 +47,28 @@ def _run_all(tasks: list[Callable[[], Any]], workers: int | None = None) -> list
         return list(pool.map(safe, tasks))
 
 
+class CourseSSHEngineLauncher(SSHEngineLauncher):
+    """One engine over SSH; its waiting thread survives a host that is briefly unreachable.
+
+    ipyparallel polls a remote engine with ``ssh HOST python ssh_waitpid`` from a thread; an
+    ssh that fails (a link down, sshd restarting) kills that thread with a traceback. Here a
+    failed poll is retried every few seconds until the engine is stopped.
+    """
+
+    def wait_one(self, timeout: float) -> int:
+        try:
+            return super().wait_one(timeout)
+        except subprocess.CalledProcessError:
+            waited = getattr(self, "_stop_waiting", None)
+            if waited is not None and waited.wait(min(5.0, timeout or 5.0)):
+                return -1  # stopped while the host was unreachable
+            raise TimeoutError("host unreachable; polling again") from None
+
+
 class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
     """``SSHEngineSetLauncher`` that starts and signals the hosts in parallel."""
+
+    launcher_class = CourseSSHEngineLauncher
 
     def _engine_kwargs(self) -> dict[str, Any]:
         # The traits every engine launcher inherits from this set (as ipyparallel does).
