@@ -55,14 +55,26 @@ class CourseSSHEngineLauncher(SSHEngineLauncher):
     failed poll is retried every few seconds until the engine is stopped.
     """
 
+    #: Give up polling (as ipyparallel does at once) after this long without an answer.
+    unreachable_for = 120.0
+    _first_failure: float | None = None
+
     def wait_one(self, timeout: float) -> int:
+        import time
+
         try:
-            return super().wait_one(timeout)
+            code = super().wait_one(timeout)
         except subprocess.CalledProcessError:
+            now = time.monotonic()
+            self._first_failure = self._first_failure or now
+            if now - self._first_failure > self.unreachable_for:
+                raise
             waited = getattr(self, "_stop_waiting", None)
             if waited is not None and waited.wait(min(5.0, timeout or 5.0)):
                 return -1  # stopped while the host was unreachable
             raise TimeoutError("host unreachable; polling again") from None
+        self._first_failure = None
+        return code
 
 
 class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
@@ -216,6 +228,11 @@ class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
             None, lambda: self._fetch_outputs(
                 by_host, remove=True,
                 before=lambda ls: self._kill_script(_signal.SIGTERM, wait, ls)))
+        for launchers in by_host.values():  # the engines are gone: stop polling for them
+            for el in launchers:
+                event = getattr(el, "_stop_waiting", None)
+                if event is not None:
+                    event.set()
 
     def get_output(self, remove: bool = False) -> str:
         """Every engine's output; the files not read yet are fetched with one ssh per host."""
