@@ -171,6 +171,30 @@ def test_torchrun_args_and_the_script_outside_torchrun(monkeypatch, capsys):
                                                      "MASTER_PORT"]
 
 
+def test_launcher_kill_script_terms_waits_then_kills(tmp_path):
+    from course_utils.cluster.lifecycle import _remote_profile_base
+    from course_utils.cluster.ssh_launcher import CourseSSHEngineSetLauncher as L
+
+    class El:  # what the scripts read from a launcher
+        def __init__(self, pid, out):
+            self.pid, self.remote_output_file = pid, str(out)
+
+    polite = subprocess.Popen(["sleep", "60"])
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 60"])
+    time.sleep(0.2)
+    (tmp_path / "a.out").write_text("engine a said hi\n")
+    els = [El(polite.pid, tmp_path / "a.out"), El(stubborn.pid, tmp_path / "b.out")]
+    script = L._kill_script(15, 1.0, els) + "; " + L._output_script(True, els)
+    t0 = time.monotonic()
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=20).stdout
+    assert polite.wait(5) == -15 and stubborn.wait(5) == -9  # TERM, then KILL after 1 s
+    assert 0.9 < time.monotonic() - t0 < 10
+    assert "engine a said hi" in out and not (tmp_path / "a.out").exists()
+    home = os.path.expanduser("~")
+    assert _remote_profile_base(f"{home}/.ipython/profile_course") == ".ipython/profile_course"
+    assert _remote_profile_base("/tmp/ip/profile_course") == "/tmp/ip/profile_course"
+
+
 def test_doctor_lines_and_non_ssh_profiles():
     assert HostCheck("ssh", "a", "FAIL", "refused", "start sshd").line() == \
         "[FAIL] ssh a: refused -> fix: start sshd"
@@ -218,9 +242,16 @@ def profile_path(rig):
 
 @pytest.fixture(scope="module")
 def cluster(rig, profile_path):
+    # As an instructor runs it: COURSE_PROFILE names the profile, cu.start() does the rest.
+    env = pytest.MonkeyPatch()
+    env.setenv(settings.ENV_PROFILE, str(profile_path))
     cid = f"{settings.cluster_id()}-2h-{os.getpid()}"
     t0 = time.perf_counter()
-    cc = cu.start(profile=str(profile_path), cluster_id=cid, timeout=90)
+    try:
+        cc = cu.start(cluster_id=cid, timeout=90)
+    except BaseException:
+        env.undo()
+        raise
     FIGURES["start_s"] = round(time.perf_counter() - t0, 1)
     print(f"\n4 engines on 2 hosts up in {FIGURES['start_s']} s")
     try:
@@ -230,6 +261,7 @@ def cluster(rig, profile_path):
 
         stop_running(cid)  # from the cluster file: also engines a notebook kernel restarted
         cu.stop(force=True)
+        env.undo()
 
 
 def _host_of_rank(rig, r):
@@ -401,8 +433,7 @@ def test_start_fails_within_its_timeout_naming_the_host_when_sshd_is_stopped(
     try:
         t0 = time.perf_counter()
         with pytest.raises(EnginesDidNotStart) as err:
-            lifecycle.start(profile=str(profile_path), timeout=30,
-                            cluster_id=f"{cluster.cluster_id}-nossh")
+            lifecycle.start(timeout=30, cluster_id=f"{cluster.cluster_id}-nossh")
         took = time.perf_counter() - t0
     finally:
         rig.start_sshd("b")
