@@ -444,6 +444,17 @@ def test_start_fails_within_its_timeout_naming_the_host_when_sshd_is_stopped(
     assert cluster.ping(), "the running cluster was disturbed"
 
 
+def _cell_seconds(cell) -> float:
+    from datetime import datetime
+
+    t = cell.metadata.get("execution", {})
+    start, end = t.get("iopub.execute_input"), t.get("shell.execute_reply")
+    if not (start and end):
+        return 0.0
+    return (datetime.fromisoformat(end.replace("Z", "+00:00"))
+            - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds()
+
+
 @pytest.mark.timeout(900)
 def test_notebook_06_runs_unchanged_on_two_hosts(rig, cluster, profile_path, monkeypatch):
     import nbformat
@@ -457,6 +468,9 @@ def test_notebook_06_runs_unchanged_on_two_hosts(rig, cluster, profile_path, mon
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
     FIGURES["notebook_s"] = round(time.perf_counter() - t0, 1)
+    FIGURES["notebook_cells_s"] = {c.metadata["nbgrader"]["grade_id"]: round(_cell_seconds(c), 1)
+                                   for c in nb.cells if c.cell_type == "code"
+                                   and _cell_seconds(c) >= 2}
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                      for o in c.get("outputs", []))
     print(f"\nunit 6 on two hosts in {FIGURES['notebook_s']} s; its outputs include:\n"
