@@ -195,6 +195,19 @@ def test_launcher_kill_script_terms_waits_then_kills(tmp_path):
     assert _remote_profile_base("/tmp/ip/profile_course") == "/tmp/ip/profile_course"
 
 
+def test_the_cluster_file_names_the_ssh_launcher_so_a_kernel_can_load_it():
+    # A kernel joining course lab's cluster rebuilds it from the cluster file (from_file).
+    import ipyparallel as ipp
+    from ipyparallel.cluster.launcher import abbreviate_launcher_class
+
+    from course_utils.cluster.ssh_launcher import CourseSSHEngineSetLauncher
+
+    name = abbreviate_launcher_class(CourseSSHEngineSetLauncher)
+    cl = ipp.Cluster(cluster_id="t", log_level=50)
+    cl.engine_launcher_class = name
+    assert cl.engine_launcher_class is CourseSSHEngineSetLauncher
+
+
 def test_doctor_lines_and_non_ssh_profiles():
     assert HostCheck("ssh", "a", "FAIL", "refused", "start sshd").line() == \
         "[FAIL] ssh a: refused -> fix: start sshd"
@@ -464,6 +477,7 @@ def test_notebook_06_runs_unchanged_on_two_hosts(rig, cluster, profile_path, mon
     monkeypatch.setenv(settings.ENV_CLUSTER_ID, cluster.cluster_id)  # joins this cluster
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     nb = nbformat.read(REPO / "notebooks" / "06_two_hosts.ipynb", as_version=4)
+    pids = [r.pid for r in cluster.ranks]
     t0 = time.perf_counter()
     NotebookClient(nb, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
@@ -476,6 +490,8 @@ def test_notebook_06_runs_unchanged_on_two_hosts(rig, cluster, profile_path, mon
     print(f"\nunit 6 on two hosts in {FIGURES['notebook_s']} s; its outputs include:\n"
           + "\n".join(ln for ln in text.splitlines() if "busbw" in ln or "rig-" in ln)[:3000])
     assert rig.host("b").address in text and "rig-b" in text
+    setup = "".join(o.get("text", "") for o in nb.cells[2].outputs)
+    assert all(str(pid) in setup for pid in pids), "the kernel did not join the running cluster"
 
 
 @pytest.mark.timeout(400)

@@ -496,20 +496,17 @@ def _start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
     for key, value in prof.ssh_launcher_settings(
             env, _remote_profile_base(cl.profile_dir)).items():
         setattr(cl.config.SSHEngineSetLauncher, key, value)
-    from .ssh_launcher import CourseSSHEngineSetLauncher
+    from .ssh_launcher import CourseSSHEngineSetLauncher, HostStartError
 
     cl.engine_launcher_class = CourseSSHEngineSetLauncher
     try:
         cl.start_engines_sync(prof.engine_count(n), environment=env)
-    except Exception as exc:
-        launched = list(cl.engines.values())[-1].launchers if cl.engines else {}
-        host = next(reversed(launched), "?/").rsplit("/", 1)[0] if launched else "?"
+    except HostStartError as exc:
         raise EnginesDidNotStart(
-            f"could not start an engine on host {host!r} over ssh: "
-            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__}",
-            "check the host's python path in the profile (it needs ipyparallel and the course "
-            "installed) and that it can reach controller_ip; `course doctor --hosts PROFILE` "
-            "names the failing check",
+            f"could not start engines on host {exc.host!r} over ssh: {exc.why}",
+            "check the host's python path in the profile (the course's venv, with ipyparallel, "
+            "at the same path on every host) and that the host can reach controller_ip; "
+            "`course doctor --hosts PROFILE` names the failing check",
         ) from exc
 
 

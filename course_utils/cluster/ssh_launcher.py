@@ -47,6 +47,25 @@ def _run_all(tasks: list[Callable[[], Any]], workers: int | None = None) -> list
         return list(pool.map(safe, tasks))
 
 
+class HostStartError(RuntimeError):
+    """Engines could not be started on one host: which host, and why (one line)."""
+
+    def __init__(self, host: str, why: str) -> None:
+        self.host, self.why = host, why
+        super().__init__(f"host {host!r}: {why}")
+
+
+def _why(exc: BaseException, python: str) -> str:
+    """One line for a failed remote step; a missing interpreter said in plain words."""
+    if isinstance(exc, subprocess.CalledProcessError):
+        if exc.returncode == 127:
+            return f"{python}: command not found on that host (the profile's python)"
+        if exc.returncode == 255:
+            return "ssh failed (host unreachable or sshd gone)"
+    text = str(exc).strip().splitlines()
+    return text[-1] if text else type(exc).__name__
+
+
 class CourseSSHEngineLauncher(SSHEngineLauncher):
     """One engine over SSH; its waiting thread survives a host that is briefly unreachable.
 
@@ -81,6 +100,10 @@ class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
     """``SSHEngineSetLauncher`` that starts and signals the hosts in parallel."""
 
     launcher_class = CourseSSHEngineLauncher
+    #: How the cluster file names this class. ipyparallel writes ``module:Class`` for classes
+    #: outside its entry points, which it cannot import back; a kernel joining ``course lab``'s
+    #: cluster (``Cluster.from_file``) needs the dotted name.
+    entrypoint_name = "course_utils.cluster.ssh_launcher.CourseSSHEngineSetLauncher"
 
     def _engine_kwargs(self) -> dict[str, Any]:
         # The traits every engine launcher inherits from this set (as ipyparallel does).
@@ -129,15 +152,13 @@ class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
                 raise errors[0]
 
         results = _run_all([(lambda ls=ls, w=w: start_host(ls, w)) for _, ls, w in plan])
-        failed = [(h, r) for (h, _, _), r in zip(plan, results, strict=True)
+        failed = [(h, ls, r) for (h, ls, _), r in zip(plan, results, strict=True)
                   if isinstance(r, BaseException)]
         dlist = [key for _, ls, _ in plan for key in (el.identifier for el in ls)]
         self.n = started
         if failed:
-            host, exc = failed[0]
-            text = str(exc).strip().splitlines()
-            raise RuntimeError(f"host {host!r}: {text[-1] if text else type(exc).__name__}") \
-                from exc
+            host, launchers, exc = failed[0]
+            raise HostStartError(host, _why(exc, launchers[0].remote_python)) from exc
         self.notify_start(dlist)
         return dlist
 
