@@ -14,7 +14,7 @@ The folders follow the architecture::
     data.py       datasets shared by both tracks; errors.py, settings.py, compat.py, cli.py
 
 Notebooks use the short names re-exported here: ``cu.start()``, ``cu.init_torch()``,
-``from course_utils import collectives, train, viz, data, checks, tf_dist``.
+``from course_utils import collectives, train, viz, data, checks, ports, wiring, tf_dist``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ _LAZY = {
     "checks": ".checks",
     "data": ".data",
     "ports": ".cluster.ports",
+    "wiring": ".torch_dist.wiring",
 }
 
 

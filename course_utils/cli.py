@@ -1,9 +1,11 @@
 """The ``course`` command: a thin face over the library functions the notebooks use.
 
-    course lab [--engines N] [--no-browser] [--port P] [-- jupyter args]
-    course doctor [--engines N] [--no-tf] [--hosts PROFILE]
+    course lab [--engines N] [--no-browser] [--port P] [--workdir W | --source] [-- jupyter args]
+    course home | course solution UNIT EXERCISE | course kernel
+    course doctor [--engines N] [--no-tf] [--profile PROFILE | --hosts PROFILE]
     course bench startup [--engines N]
     course stop
+    course viz-gallery OUTDIR [--ring-ranks 4] [--no-tf]
 """
 
 from __future__ import annotations
@@ -28,10 +30,17 @@ def _notebooks_dir() -> Path:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    """Start the course cluster, then JupyterLab on the notebooks; stop both on exit."""
+    """Start the course cluster, then JupyterLab on the learner's working folder (or, with
+    --source, the notebooks); stop both on exit."""
     from . import cluster
     from .errors import CourseError
+    from .instructor import lab as lab_setup
 
+    try:
+        plan = lab_setup.prepare(args.workdir, args.source, _notebooks_dir())
+    except CourseError as exc:
+        print(f"course lab: {exc}", file=sys.stderr)
+        return 1
     os.environ[settings.ENV_ENGINES] = str(args.engines)
     t0 = time.perf_counter()
     try:
@@ -42,14 +51,15 @@ def cmd_lab(args: argparse.Namespace) -> int:
     print(f"course lab: {cc.world_size} engines ready in {time.perf_counter() - t0:.1f} s "
           f"(cluster id {cc.cluster_id!r}, profile {cc.profile.name})")
     print(cc.ranks.table())
+    plan.started(cc)
 
-    cmd = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={_notebooks_dir()}",
+    cmd = [sys.executable, "-m", "jupyter", "lab", f"--ServerApp.root_dir={plan.root}",
            f"--port={args.port}", f"--ServerApp.ip={args.ip}"]
     if args.no_browser:
         cmd.append("--no-browser")
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and CI run as root
-    cmd += args.jupyter_args
+    cmd += plan.jupyter_args + args.jupyter_args
     env = {**os.environ, settings.ENV_CLUSTER_ID: cc.cluster_id}
     proc = subprocess.Popen(cmd, env=env)
 
@@ -87,7 +97,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 1 if any(c.status == "FAIL" for c in results) else 0
     from .instructor.doctor import run_checks
 
-    results = run_checks(engines=args.engines, timeout=args.timeout, tf=not args.no_tf)
+    results = run_checks(engines=args.engines, timeout=args.timeout, tf=not args.no_tf,
+                         profile=args.profile)
     failed = [c for c in results if not c.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
@@ -111,7 +122,23 @@ def cmd_stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_viz_gallery(args: argparse.Namespace) -> int:
+    from .instructor import gallery
+
+    items = gallery.run(args.outdir, ring_ranks=args.ring_ranks, tf=not args.no_tf)
+    code = 1 if any(it.error for it in items) else 0
+    if "tensorflow" in sys.modules:
+        # Unit 5's coordinator keeps non-daemon threads retrying the worker the gallery killed;
+        # the engines are already stopped and every file written, so leave without waiting.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .instructor import lab as lab_setup
+
     p = argparse.ArgumentParser(prog="course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -123,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("--port", type=int, default=8888)
     lab.add_argument("--ip", default="127.0.0.1")
     lab.add_argument("--no-browser", action="store_true")
+    lab_setup.add_lab_arguments(lab)
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER,
                      help="after --: passed to jupyter lab unchanged")
     lab.set_defaults(func=cmd_lab)
@@ -131,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--engines", type=int, default=2)
     doc.add_argument("--timeout", type=float, default=60)
     doc.add_argument("--no-tf", action="store_true", help="skip the TensorFlow checks")
+    doc.add_argument("--profile", default=None,
+                     help="check a cluster profile instead (a slurm profile: the scheduler, "
+                          "its partition, a tiny job, then engines as a Slurm job)")
     doc.add_argument("--hosts", metavar="PROFILE", default=None,
                      help="check every host of an SSH profile (ssh, python, GPUs, interface, "
                           "shared paths, ports, a cross-host all_reduce)")
@@ -145,6 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stop", help="stop a cluster left running (e.g. by a killed course lab)")
     st.add_argument("--cluster-id", default=None)
     st.set_defaults(func=cmd_stop)
+
+    vg = sub.add_parser("viz-gallery", help="every figure of the course, from real runs, "
+                        "into OUTDIR (PNG, HTML, index.html)")
+    vg.add_argument("outdir")
+    vg.add_argument("--ring-ranks", type=int, default=4, help="ranks of the ring replay")
+    vg.add_argument("--no-tf", action="store_true", help="skip the TensorFlow figures")
+    vg.set_defaults(func=cmd_viz_gallery)
+    lab_setup.add_commands(sub)
     return p
 
 

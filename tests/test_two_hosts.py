@@ -103,7 +103,7 @@ def test_ssh_profile_fields(tmp_path):
     p = write_profile(tmp_path / "hosts.toml", {
         "launcher": "ssh", "controller_ip": "10.1.2.1", "socket_ifname": "ib0",
         "user": "course", "ssh_config": "ssh_config", "ssh_args": ["-o", "Port=2222"],
-        "shared_paths": ["/data"], "slurm": {"partition": "gpu"},
+        "shared_paths": ["/data"],
         "hosts": [{"host": "gpu-a", "engines": 2, "python": "/opt/v/bin/python"},
                   {"host": "admin@gpu-b", "engines": 1}]})
     prof = load_profile(p)
@@ -121,7 +121,7 @@ def test_ssh_profile_fields(tmp_path):
     assert b["environment"]["COURSE_NODE"] == "admin@gpu-b" and "remote_python" not in b
     kw = prof.cluster_kwargs()
     assert kw["controller_ip"] == "10.1.2.1"  # listens there only, not on 0.0.0.0
-    assert prof.shared_paths == ("/data",) and prof.slurm == {"partition": "gpu"}
+    assert prof.shared_paths == ("/data",) and prof.slurm is None
     for bad in ("127.0.0.1", "0.0.0.0", "gpu-a"):
         with pytest.raises(ProfileError, match="controller_ip"):
             profile_from_dict({"launcher": "ssh", "controller_ip": bad,
@@ -152,6 +152,13 @@ def test_sbatch_script_from_a_profile_has_valid_syntax_and_the_torchrun_line():
         check_sbatch_script(text.replace("--rdzv-backend=c10d ", "")).errors)
     with pytest.raises(ValueError):
         make_sbatch_script(None, nodes=0)
+    # A slurm profile's [slurm] table: 4 engines on 2 nodes, per-engine CPUs and GPUs.
+    slurm = make_sbatch_script("slurm")
+    res = check_sbatch_script(slurm, expect={"nodes": "2", "--nproc-per-node": "2",
+                                             "partition": "gpu", "account": "course",
+                                             "time": "01:00:00", "cpus-per-task": "16",
+                                             "gpus-per-node": "2"})
+    assert res.ok, res.errors
 
 
 def test_torchrun_args_and_the_script_outside_torchrun(monkeypatch, capsys):

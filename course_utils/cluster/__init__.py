@@ -4,7 +4,8 @@ Introduced in ``00_cluster_tour``. Nothing in this sub-package imports torch or 
 frameworks attach through :meth:`CourseCluster.on_restart` / :meth:`CourseCluster.on_stop`.
 
 Modules: :mod:`.lifecycle` (start/connect/restart/stop and calls on the engines),
-:mod:`.ranks` (who is rank what), :mod:`.profiles` (local, ssh, slurm), :mod:`.ports`
+:mod:`.ranks` (who is rank what), :mod:`.profiles` (local, ssh, slurm), :mod:`.slurm`
+(engines as a Slurm job, a job stuck in the queue), :mod:`.ports`
 (free ports on the host that listens), :mod:`.engine` (what runs *on* an engine: its report
 about itself, its rank, calling a ``%%px``-defined function).
 """

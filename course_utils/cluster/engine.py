@@ -96,9 +96,35 @@ def _route_addr(towards: str) -> str:
             return "127.0.0.1"
 
 
+_SLURM_FACTS = {  # key in describe()["slurm"] -> variable srun sets in each task
+    "job_id": "SLURM_JOB_ID",
+    "procid": "SLURM_PROCID",    # the task's global index in its step: 0..ntasks-1
+    "localid": "SLURM_LOCALID",  # its index among the step's tasks on the same node
+    "nodeid": "SLURM_NODEID",    # index of its node among the step's nodes
+    "ntasks": "SLURM_STEP_NUM_TASKS",
+}
+
+
+def slurm_facts(environ: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """What Slurm told this process (a task started by ``srun``), or None outside a Slurm step.
+
+    ``{"job_id", "procid", "localid", "nodeid", "ntasks", "node", "nodelist"}``; ``node`` is the
+    Slurm node name (``SLURMD_NODENAME``), ``nodelist`` the job's compressed node list.
+    """
+    env = os.environ if environ is None else environ
+    if not all(env.get(var, "").isdigit() for var in ("SLURM_JOB_ID", "SLURM_PROCID")):
+        return None
+    facts: dict[str, Any] = {key: int(env[var]) if env.get(var, "").isdigit() else None
+                             for key, var in _SLURM_FACTS.items()}
+    facts["node"] = env.get("SLURMD_NODENAME") or socket.gethostname()
+    facts["nodelist"] = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    return facts
+
+
 def describe(controller_addr: str = "127.0.0.1") -> dict[str, Any]:
-    """Who am I: host name, routable address, pid, visible GPUs and CPU count."""
-    return {
+    """Who am I: host name, routable address, pid, visible GPUs and CPU count, and, for an
+    engine started by Slurm, what Slurm says (``"slurm"``: see :func:`slurm_facts`)."""
+    info = {
         "host": socket.gethostname(),
         "addr": _route_addr(controller_addr),
         "pid": os.getpid(),
@@ -108,6 +134,10 @@ def describe(controller_addr: str = "127.0.0.1") -> dict[str, Any]:
         # tells apart hosts that share a host name.
         "node": os.environ.get("COURSE_NODE") or None,
     }
+    slurm = slurm_facts()
+    if slurm is not None:
+        info["slurm"] = slurm
+    return info
 
 
 def install(info: dict[str, Any], env: dict[str, str]) -> int:

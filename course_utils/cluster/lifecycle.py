@@ -29,11 +29,12 @@ from .. import settings
 from ..errors import (
     ClusterNotRunning,
     ClusterTimeout,
+    CourseError,
     EngineError,
     EnginesDidNotStart,
     WorldSizeMismatch,
 )
-from . import engine
+from . import engine, slurm
 from .profiles import ClusterProfile, load_profile
 from .ranks import RankMap, build_rank_map
 
@@ -248,6 +249,7 @@ class CourseCluster:
         _stop_engines(self.cluster, kill=True)
         _start_engines(self.cluster, self.profile, n)
         _wait_for_engines(self.cluster, self.client, n, timeout, exclude=old)
+        _wait_unregistered(self.client, old)
         self.refresh_ranks()
         self.activate()
         for hook in list(self._restart_hooks.values()):
@@ -578,6 +580,11 @@ def _wait_for_engines(cl: ipp.Cluster, client: ipp.Client, n: int, timeout: floa
         fresh = [e for e in client.ids if e not in exclude]
         if len(fresh) >= n:
             return
+        # Hook: a Slurm job stuck in the queue or ended says so itself (cluster/slurm.py).
+        stuck = slurm.engines_problem(cl, len(fresh), n, time.monotonic() > deadline)
+        if stuck is not None:
+            _stop_cluster(cl)
+            raise stuck
         if time.monotonic() > deadline or _engines_all_exited(cl):
             died = _engines_all_exited(cl)
             output = _engine_output(cl)
@@ -592,15 +599,28 @@ def _wait_for_engines(cl: ipp.Cluster, client: ipp.Client, n: int, timeout: floa
         time.sleep(0.02)
 
 
+def _wait_unregistered(client: ipp.Client, old: set[int],
+                       timeout: float = HEARTBEAT_MS * HEARTBEAT_MISSES / 1000 + 5) -> None:
+    """Wait until the controller dropped the replaced engines ``old``, so the rank map and
+    ``%%px`` see only the new ones. Locally an engine's nanny reports its death at once; a
+    Slurm job's cancel kills the nannies too, and the controller notices only when the
+    heartbeats stop (``HEARTBEAT_MISSES`` periods)."""
+    deadline = time.monotonic() + timeout
+    while set(client.ids) & old and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _start_new(cid: str, prof: ClusterProfile, n: int, timeout: float) -> CourseCluster:
     stale = cluster_file(cid)
     stale.unlink(missing_ok=True)
+    for kind in ("client", "engine"):  # left by a controller stopped while it started
+        (stale.parent / f"ipcontroller-{cid}-{kind}.json").unlink(missing_ok=True)
     cl = _new_ipp_cluster(cid, prof, n)
     cl.start_controller_sync()
     try:
         _start_engines(cl, prof, n)
         client = cl.connect_client_sync()
-    except EnginesDidNotStart:
+    except CourseError:  # already says cause and fix (e.g. sbatch refused the engines' job)
         _stop_cluster(cl)
         raise
     except Exception as exc:

@@ -2,7 +2,8 @@
 
 ``local``  engines on this machine (laptop, CI): the default.
 ``ssh``    engines on hosts reached over SSH (the two-GPU-host workshop), from a TOML file.
-``slurm``  engines as a Slurm job, from a TOML file.
+``slurm``  engines as a Slurm job, from a TOML file (``profiles/slurm.toml``; see
+           :mod:`course_utils.cluster.slurm`).
 
 A profile file (``profiles/two-hosts.toml`` is the worked example; unit 6 explains each field)::
 
@@ -20,8 +21,6 @@ A profile file (``profiles/two-hosts.toml`` is the worked example; unit 6 explai
     engines = 2                        # one engine per GPU: local ranks 0 and 1
     python = "/opt/course/.venv/bin/python"  # the same venv path on every host
     address = "10.0.0.2"               # optional: the host's address on the shared link
-    [slurm]                            # optional: defaults for the generated batch script
-    partition = "gpu"
 """
 
 from __future__ import annotations
@@ -64,6 +63,27 @@ class HostSpec:
         return re.sub(r"[^\w.-]", "_", self.host)
 
 
+_SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+"""Slurm's time formats: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """The ``[slurm]`` table of a slurm profile: what the engines' job asks the scheduler for.
+
+    Each engine is one Slurm task (``--ntasks`` = engines); ``None`` leaves Slurm's default.
+    """
+
+    partition: str | None = None
+    time: str | None = None            # --time, e.g. "30" (minutes) or "02:00:00"
+    cpus_per_engine: int | None = None  # --cpus-per-task; also the engines' thread budget
+    gpus_per_engine: int = 0           # --gpus-per-task (0: none asked)
+    account: str | None = None
+    qos: str | None = None
+    nodes: int | None = None           # --nodes: spread the engines over this many nodes
+    options: tuple[str, ...] = ()      # extra sbatch options, e.g. ("--constraint=a100",)
+
+
 @dataclass(frozen=True)
 class ClusterProfile:
     name: str = "local"
@@ -79,7 +99,7 @@ class ClusterProfile:
     ssh_args: tuple[str, ...] = ()
     ssh_cmd: tuple[str, ...] = ("ssh",)
     scp_cmd: tuple[str, ...] = ("scp",)
-    slurm: dict[str, Any] = field(default_factory=dict)
+    slurm: SlurmSpec | None = None
     shared_paths: tuple[str, ...] = ()
     path: str | None = None
 
@@ -110,6 +130,8 @@ class ClusterProfile:
 
     def engine_env(self, n: int, threads: int) -> dict[str, str]:
         """Environment every engine starts with: thread budget, quiet TF, interface names."""
+        if self.launcher == "slurm":  # the job's CPUs per task, not this machine's cores
+            threads = (self.slurm.cpus_per_engine if self.slurm else None) or 1
         env = {
             "OMP_NUM_THREADS": str(threads),
             "MKL_NUM_THREADS": str(threads),
@@ -190,9 +212,10 @@ class ClusterProfile:
                 "controller_location": self.controller_ip or "",
                 "config": cfg,
             }
-        else:  # slurm
-            kw = {"engines": "slurm", "controller_ip": "0.0.0.0",
-                  "controller_location": self.controller_ip or ""}
+        else:  # slurm: the controller stays here, the engines are one Slurm job
+            from .slurm import cluster_kwargs
+
+            kw = cluster_kwargs(self)
         return kw
 
     def engine_cmd(self) -> list[str] | None:
@@ -300,9 +323,9 @@ def profile_from_dict(data: dict[str, Any], name: str = "custom",
         if not cfg_path.is_absolute() and base is not None:
             cfg_path = base / cfg_path
         ssh_config = str(cfg_path)
-    slurm = data.get("slurm", {})
-    if not isinstance(slurm, dict):
-        raise ProfileError(f"profile {name!r}: slurm must be a table", "write [slurm] ...")
+    if "slurm" in data and launcher != "slurm":
+        raise ProfileError(f"profile {name!r}: a [slurm] table needs launcher = \"slurm\"",
+                           "set launcher = \"slurm\" or remove the [slurm] table")
     return ClusterProfile(
         name=name,
         launcher=launcher,
@@ -317,9 +340,55 @@ def profile_from_dict(data: dict[str, Any], name: str = "custom",
         ssh_args=_str_list(data.get("ssh_args", []), "ssh_args", name),
         ssh_cmd=_str_list(data.get("ssh_cmd", ["ssh"]), "ssh_cmd", name),
         scp_cmd=_str_list(data.get("scp_cmd", ["scp"]), "scp_cmd", name),
-        slurm=dict(slurm),
+        slurm=slurm_spec_from_dict(data.get("slurm", {}), name) if launcher == "slurm" else None,
         shared_paths=_str_list(data.get("shared_paths", []), "shared_paths", name),
         path=str(base) if base is not None else None,
+    )
+
+
+def _positive(table: dict[str, Any], key: str, name: str, zero: bool = False) -> int | None:
+    value = table.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if zero else 1):
+        least = 0 if zero else 1
+        raise ProfileError(f"profile {name!r}: slurm.{key} = {value!r} is not an integer >= "
+                           f"{least}", f"give slurm.{key} a whole number, {least} or more")
+    return value
+
+
+def slurm_spec_from_dict(table: dict[str, Any], name: str = "custom") -> SlurmSpec:
+    """Parse and check a profile's ``[slurm]`` table (see :class:`SlurmSpec`)."""
+    known = set(SlurmSpec.__dataclass_fields__)
+    unknown = sorted(set(table) - known)
+    if unknown:
+        raise ProfileError(f"profile {name!r}: unknown slurm key(s) {', '.join(unknown)}",
+                           f"use only {', '.join(sorted(known))}")
+    time_limit = table.get("time")
+    if time_limit is not None:
+        time_limit = str(time_limit)
+        if not _SLURM_TIME.match(time_limit):
+            raise ProfileError(f"profile {name!r}: slurm.time = {time_limit!r} is not a Slurm "
+                               "time", 'write minutes ("30"), "HH:MM:SS" or "D-HH:MM:SS"')
+    options = table.get("options", [])
+    if isinstance(options, str) or not all(isinstance(o, str) for o in options):
+        raise ProfileError(f"profile {name!r}: slurm.options = {options!r}",
+                           'give a list of sbatch options, e.g. ["--constraint=a100"]')
+    texts = {}
+    for key in ("partition", "account", "qos"):
+        value = table.get(key)
+        if value is not None and (not isinstance(value, str) or not re.fullmatch(r"[\w.-]+",
+                                                                                 value)):
+            raise ProfileError(f"profile {name!r}: slurm.{key} = {value!r}",
+                               f"give slurm.{key} as a plain name (letters, digits, _ . -)")
+        texts[key] = value
+    return SlurmSpec(
+        time=time_limit,
+        cpus_per_engine=_positive(table, "cpus_per_engine", name),
+        gpus_per_engine=_positive(table, "gpus_per_engine", name, zero=True) or 0,
+        nodes=_positive(table, "nodes", name),
+        options=tuple(options),
+        **texts,
     )
 
 

@@ -120,9 +120,14 @@ def build_rank_map(
     host's place in that order. With ``local=True`` every rank is on this machine and the
     master address is the loopback address; otherwise it is rank 0's own address, which must
     not be loopback when ranks sit on more than one host.
+
+    Engines that are the tasks of one Slurm step (each reports ``"slurm"``, see
+    :func:`slurm_rank_map`) keep Slurm's numbering instead.
     """
     if not descriptions:
         raise ValueError("no engines to rank: the cluster has no registered engines")
+    if slurm_step(descriptions):
+        return slurm_rank_map(descriptions)
     keys = {e: host_key(d, local) for e, d in descriptions.items()}
     given = list(host_order or [])
 
@@ -169,3 +174,50 @@ def build_rank_map(
             )
         )
     return RankMap(ranks=tuple(infos), hosts=tuple(order))
+
+
+def slurm_step(descriptions: Mapping[int, Mapping[str, Any]]) -> bool:
+    """True when the engines are exactly the tasks of one Slurm step: all report the same job,
+    and their ``SLURM_PROCID`` s are 0..n-1 (engines started inside an ``salloc`` shell, which
+    all inherit one PROCID, are not)."""
+    facts = [d.get("slurm") for d in descriptions.values()]
+    if not facts or any(not f for f in facts):
+        return False
+    return (len({f["job_id"] for f in facts}) == 1
+            and sorted(f["procid"] for f in facts) == list(range(len(facts)))
+            and all(f.get("localid") is not None and f.get("nodeid") is not None
+                    for f in facts))
+
+
+def slurm_rank_map(descriptions: Mapping[int, Mapping[str, Any]]) -> RankMap:
+    """Ranks as Slurm numbered the tasks: rank = ``SLURM_PROCID``, local rank =
+    ``SLURM_LOCALID``, node rank = ``SLURM_NODEID``, host = the Slurm node name.
+
+    This is what ``srun`` hands a script started in the batch job of unit 6 (and what
+    ``torchrun`` under ``srun`` derives), so a rank means the same process in both ways of
+    starting. The master address is rank 0's address.
+    """
+    by_rank = sorted(descriptions, key=lambda e: descriptions[e]["slurm"]["procid"])
+    facts = {eid: descriptions[eid]["slurm"] for eid in by_rank}
+    nodes = sorted({(f["nodeid"], str(f["node"])) for f in facts.values()})
+    per_node: dict[int, int] = {}
+    for f in facts.values():
+        per_node[f["nodeid"]] = per_node.get(f["nodeid"], 0) + 1
+    master_addr = str(descriptions[by_rank[0]]["addr"])
+    infos = tuple(
+        RankInfo(
+            engine_id=int(eid),
+            rank=int(facts[eid]["procid"]),
+            world_size=len(by_rank),
+            local_rank=int(facts[eid]["localid"]),
+            local_world_size=per_node[facts[eid]["nodeid"]],
+            node_rank=int(facts[eid]["nodeid"]),
+            host=str(facts[eid]["node"]),
+            addr=str(descriptions[eid]["addr"]),
+            pid=int(descriptions[eid]["pid"]),
+            gpus=int(descriptions[eid].get("gpus", 0)),
+            master_addr=master_addr,
+        )
+        for eid in by_rank
+    )
+    return RankMap(ranks=infos, hosts=tuple(node for _, node in nodes))

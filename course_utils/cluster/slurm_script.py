@@ -90,27 +90,42 @@ def make_sbatch_script(
     """A Slurm batch script that runs unit 3's training with ``srun`` + ``torchrun``.
 
     Defaults come from ``profile`` (a :class:`ClusterProfile`, a profile name or path, or the
-    local profile): nodes = its hosts, processes per node = its engines per host, the engine
-    interpreter (its ``torchrun`` is the one next to it), ``socket_ifname`` exported as
-    ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``, its ``env`` table, and its optional
-    ``[slurm]`` table (``partition``, ``account``, ``time``, ``gpus_per_node``,
-    ``cpus_per_task``). Keyword arguments override them. One ``srun`` task per node starts one
-    ``torchrun``, which starts ``nproc_per_node`` training processes; the c10d rendezvous
-    store listens on the first node of the allocation (``rdzv_host`` overrides it).
+    local profile): nodes = its hosts (a slurm profile: ``[slurm] nodes``), processes per node =
+    its engines per host (a slurm profile: engines / nodes), the engine interpreter (its
+    ``torchrun`` is the one next to it), ``socket_ifname`` exported as
+    ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``, its ``env`` table, and a slurm profile's
+    ``partition``, ``account``, ``qos``, ``time``, ``options`` and per-engine CPUs/GPUs (times
+    the processes per node). Keyword arguments override them. One ``srun`` task per node
+    starts one ``torchrun``, which starts ``nproc_per_node`` training processes; the c10d
+    rendezvous store listens on the first node of the allocation (``rdzv_host`` overrides it).
     """
     prof = load_profile(profile) if not isinstance(profile, ClusterProfile) else profile
-    slurm = dict(prof.slurm)
+    spec = prof.slurm
     if nodes is None:
-        nodes = len(prof.hosts) if prof.hosts else 1
-    nproc = nproc_per_node if nproc_per_node is not None else \
-        prof.engines_per_host(prof.engines or 2)
+        nodes = len(prof.hosts) if prof.hosts else (spec.nodes if spec and spec.nodes else 1)
+    if nproc_per_node is not None:
+        nproc = nproc_per_node
+    elif prof.hosts:
+        nproc = max(h.engines for h in prof.hosts)
+    elif prof.launcher == "slurm" and prof.engines and isinstance(nodes, int) and nodes > 0:
+        nproc = -(-prof.engines // nodes)
+    else:
+        nproc = prof.engines or 2
     python = python or next((h.python for h in prof.hosts if h.python), None) \
         or prof.engine_python or sys.executable
-    gpus = gpus_per_node if gpus_per_node is not None else slurm.get("gpus_per_node")
-    cpus = cpus_per_task or slurm.get("cpus_per_task")
-    time_limit = time_limit or slurm.get("time", "00:15:00")
-    partition = partition or slurm.get("partition")
-    account = account or slurm.get("account")
+    if gpus_per_node is not None:
+        gpus = gpus_per_node
+    else:
+        gpus = spec.gpus_per_engine * nproc if spec and spec.gpus_per_engine else None
+    cpus = cpus_per_task or (spec.cpus_per_engine * nproc if spec and spec.cpus_per_engine
+                             else None)
+    time_limit = time_limit or (spec.time if spec else None) or "00:15:00"
+    partition = partition or (spec.partition if spec else None)
+    account = account or (spec.account if spec else None)
+    if spec and spec.qos:
+        extra_sbatch = [f"--qos={spec.qos}", *extra_sbatch]
+    if spec and spec.options:
+        extra_sbatch = [*extra_sbatch, *spec.options]
     for name, value in (("nodes", nodes), ("nproc_per_node", nproc)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")

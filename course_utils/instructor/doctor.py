@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 INSTALL_FIX = "run `make lab` or `pip install -e '.[test]'` in the course's virtual environment"
 
@@ -76,14 +77,15 @@ def check_hardware() -> Check:
     return Check("hardware", True, detail)
 
 
-def check_cluster(engines: int, timeout: float, tf: bool = False) -> list[Check]:
+def check_cluster(engines: int, timeout: float, tf: bool = False,
+                  profile: Any = "local") -> list[Check]:
     from .. import cluster, torch_dist
 
     checks = []
     cid = f"doctor-{os.getpid()}"
     t0 = time.perf_counter()
     try:
-        cc = cluster.start(n=engines, profile="local", timeout=timeout, cluster_id=cid)
+        cc = cluster.start(n=engines, profile=profile, timeout=timeout, cluster_id=cid)
     except Exception as exc:
         msg = str(exc).splitlines()[0]
         fix = getattr(exc, "fix", "see the engine output above")
@@ -146,12 +148,19 @@ def _rank_sum() -> float:
 
 
 def run_checks(engines: int = 2, timeout: float = 60, tf: bool = True,
-               emit: Callable[[str], None] = print) -> list[Check]:
+               emit: Callable[[str], None] = print, profile: str | None = None) -> list[Check]:
     results: list[Check] = []
 
     def add(c: Check) -> None:
         results.append(c)
         emit(c.line())
+
+    if profile is not None:  # e.g. a Slurm profile: its own checks, then its engines
+        from .doctor_slurm import profile_checks
+
+        for c in profile_checks(profile, engines, timeout, tf):
+            add(c)
+        return results
 
     add(check_python())
     add(_version_check("ipyparallel", "ipyparallel", (9,)))
@@ -160,6 +169,9 @@ def run_checks(engines: int = 2, timeout: float = 60, tf: bool = True,
     if tf:
         add(check_tensorflow())
     add(check_hardware())
+    from .kernelspec import doctor_check as check_kernel  # the learner's Jupyter kernel
+
+    add(check_kernel())
     torch_ok = all(c.ok for c in results if c.name in ("torch", "ipyparallel"))
     tf_ok = tf and all(c.ok for c in results if c.name == "tensorflow")
     if torch_ok:

@@ -1,8 +1,9 @@
 """Collectives support: ring chunking, byte accounting, algbw/busbw and collective timing.
 
 Introduced in ``01_collectives``. The pure functions (``chunk_bounds``, ``ring_bytes``,
-``algbw``, ``busbw``, ``bandwidth_table``) run anywhere; the ``engine_*`` functions run on the
-engines (inside ``%%px`` cells or through ``cluster.run``) and import torch there.
+``algbw``, ``busbw``, ``bandwidth_table``) run anywhere; the ``engine_*`` functions and
+``p2p_watchdog`` run on the engines (inside ``%%px`` cells or through ``cluster.run``) and import
+torch there.
 
 The ring all-reduce itself is the learner's exercise in ``01_collectives``; nothing here
 implements it.
@@ -10,7 +11,8 @@ implements it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: Bus-bandwidth correction factors, as nccl-tests defines them, for ``p`` ranks.
@@ -97,6 +99,126 @@ def bandwidth_table(rows: dict[str, float], nbytes: int, p: int,
 
 
 # ---- engine side ---------------------------------------------------------------------------
+class P2PStuck(RuntimeError):
+    """A send or receive under :func:`p2p_watchdog` waited longer than its limit.
+
+    Attributes say which call (``send``, ``recv``, ``isend``, ``irecv``), the peer rank, the
+    message size in bytes, which message of this rank it was (1 = first) and how long it waited.
+    """
+
+    def __init__(self, rank: int, call: str, peer: int | None, nbytes: int, number: int,
+                 seconds: float) -> None:
+        self.rank, self.call, self.peer, self.nbytes = rank, call, peer, nbytes
+        self.number, self.seconds = number, seconds
+        towards = "to" if "send" in call else "from"
+        super().__init__(
+            f"rank {rank}: dist.{call} {towards} rank {peer} ({nbytes} bytes, message {number} "
+            f"of this rank) did not complete within {seconds:g} s. On gloo a send completes only "
+            "when the receiving rank has posted the matching recv, at any message size. If "
+            "every rank is stuck in a send, it is a send/recv deadlock: post both sides with "
+            "dist.isend/dist.irecv and then wait() on both (or let even ranks send first and odd "
+            "ranks receive first). The watchdog ran these messages on a throwaway group, so the "
+            "course's process group is unharmed; the same code run without the watchdog blocks "
+            "for the group's whole timeout and leaves its messages queued in the group: then "
+            "run cluster = cu.restart() and re-run the cells from Setup.")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "call": self.call, "peer": self.peer, "bytes": self.nbytes,
+                "number": self.number, "seconds": self.seconds}
+
+
+class _TimedWork:
+    """A request from ``isend``/``irecv`` whose ``wait()`` gives up after the watchdog's limit."""
+
+    def __init__(self, work: Any, on_wait: Callable[[Any, float | None], Any]) -> None:
+        self._work, self._on_wait = work, on_wait
+
+    def wait(self, timeout: Any = None) -> Any:
+        return self._on_wait(self._work, timeout)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
+    """*Collective* (every rank enters it). Inside the block, ``dist.send``/``dist.recv`` and
+    the ``wait()`` of requests from ``dist.isend``/``dist.irecv`` raise :class:`P2PStuck`
+    after ``seconds`` instead of blocking until the process group's timeout. Engine side;
+    introduced in ``01_collectives``.
+
+    The messages travel on a throwaway group of all ranks (made on entry, destroyed on exit):
+    gloo closes a connection whose wait timed out, and the course's process group must not
+    lose its connections to a learner's deadlock. Nothing else changes: a blocking ``send``
+    still waits for its matching ``recv`` (it is ``isend`` + ``wait``, which is what gloo does
+    too), so a deadlocking ring still deadlocks, but it says so within ``seconds``.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    names = ("send", "recv", "isend", "irecv")
+    saved = {name: getattr(dist, name) for name in names}
+    rank = dist.get_rank()
+    count = [0]
+    limit = datetime.timedelta(seconds=seconds)
+    scratch = dist.new_group(timeout=datetime.timedelta(seconds=max(seconds, 1.0) + 30))
+
+    def waiter(call: str, peer: int | None, tensor: Any, number: int
+               ) -> Callable[[Any, Any], Any]:
+        def wait(work: Any, timeout: Any = None) -> Any:
+            try:
+                return work.wait(timeout=limit if timeout is None else timeout)
+            except RuntimeError as exc:
+                # gloo: "Timed out waiting ...", or, once the peer's own wait timed out and
+                # closed the connection, "Application timeout caused pair closure".
+                text = str(exc).lower()
+                if not any(k in text for k in ("timed out", "timeout", "closed", "reset")):
+                    raise
+                raise P2PStuck(rank, call, peer, int(tensor.numel() * tensor.element_size()),
+                               number, seconds) from None
+        return wait
+
+    def post(call: str, tensor: Any, peer: int | None, *args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        real = saved["isend" if "send" in call else "irecv"]
+        if not args and kwargs.get("group") is None:
+            kwargs["group"] = scratch   # peer stays a global rank: the same in this group
+        work = real(tensor, peer, *args, **kwargs)
+        return work, waiter(call, peer, tensor, count[0])
+
+    def send(tensor: Any, dst: int | None = None, *args: Any, **kwargs: Any) -> None:
+        work, wait = post("send", tensor, dst, *args, **kwargs)
+        wait(work)
+
+    def recv(tensor: Any, src: int | None = None, *args: Any, **kwargs: Any) -> Any:
+        work, wait = post("recv", tensor, src, *args, **kwargs)
+        wait(work)
+        return src
+
+    def isend(tensor: Any, dst: int | None = None, *args: Any, **kwargs: Any) -> Any:
+        work, wait = post("isend", tensor, dst, *args, **kwargs)
+        return _TimedWork(work, wait)
+
+    def irecv(tensor: Any, src: int | None = None, *args: Any, **kwargs: Any) -> Any:
+        work, wait = post("irecv", tensor, src, *args, **kwargs)
+        return _TimedWork(work, wait)
+
+    for name, fn in (("send", send), ("recv", recv), ("isend", isend), ("irecv", irecv)):
+        setattr(dist, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
+        # Leave together: a rank that finished must not tear the group down under a neighbour
+        # still waiting on it (that neighbour would see "connection closed", not its timeout).
+        with contextlib.suppress(Exception):
+            dist.barrier(group=scratch, async_op=True).wait(
+                timeout=datetime.timedelta(seconds=seconds + 5))
+        dist.destroy_process_group(scratch)
+
+
 def engine_time(fn: Callable[[], Any], iters: int = 5, warmup: int = 1) -> float:
     """Median seconds of ``fn()`` over ``iters`` runs, the slowest rank's time for each run.
 

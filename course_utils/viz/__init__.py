@@ -1,16 +1,34 @@
-"""Figures for the PyTorch track: pure functions of recorded arrays; none talks to a cluster.
+"""Figures of the course: pure functions of recorded arrays; none talks to a cluster.
 
-Record on the engines, ``cluster.pull`` the arrays, then plot here (so figures are testable
-without engines and can be replayed in slides). Each function returns a matplotlib ``Figure``.
-Introduced in ``01_collectives`` (``per_rank_tensors``, ``bandwidth_bars``),
-``02_data_parallel_from_scratch`` (``replica_divergence``) and ``03_pytorch_ddp``
-(``per_rank_curves``).
+Record on the engines (``course_utils.torch_dist.record``, ``course_utils.tf_dist.record``),
+``cluster.pull`` or ``cluster.run`` the arrays, then plot here (so figures are testable without
+engines and can be replayed in slides). Each function returns a matplotlib ``Figure`` drawn with
+the palette of :mod:`.style`. Introduced in ``01_collectives`` (``per_rank_tensors``,
+``bandwidth_bars``, ``ring_trace``, ``ring_replay``, ``collectives_cheatsheet``),
+``02_data_parallel_from_scratch`` (``replica_divergence``), ``03_pytorch_ddp``
+(``per_rank_curves``, ``ddp_timeline``, ``live``), ``04_tf_classic_ps`` and
+``05_tf2_parameter_server_strategy`` (``ps_traffic`` and friends) and the performance unit
+(``cost_model``). Pictures of the learner's own cluster and step (:mod:`.pictures`):
+``cluster_picture`` (``00_cluster_tour``), ``data_parallel_picture`` (``02``).
 """
 
 from __future__ import annotations
 
+from . import cheatsheet, cost, live, ps, ring, style, timeline
+from .cheatsheet import collectives_cheatsheet
 from .collectives import bandwidth_bars, per_rank_tensors, ring_trace
+from .cost import cost_model, describe_fit, fit_alpha_beta, predict
+from .live import LiveFigure, live_training, watch
+from .pictures import cluster_picture, data_parallel_picture
+from .ps import closure_timeline, placement_diagram, ps_step_timeline, ps_traffic, staleness
+from .ring import replay_frames, ring_frame, ring_replay
+from .timeline import ddp_timeline, overlap_fraction
 from .training import per_rank_curves, replica_divergence
 
-__all__ = ["bandwidth_bars", "per_rank_curves", "per_rank_tensors", "replica_divergence",
-           "ring_trace"]
+__all__ = ["LiveFigure", "bandwidth_bars", "cheatsheet", "closure_timeline", "cluster_picture",
+           "collectives_cheatsheet", "cost", "cost_model", "data_parallel_picture", "ddp_timeline",
+           "describe_fit",
+           "fit_alpha_beta", "live", "live_training", "overlap_fraction", "per_rank_curves",
+           "per_rank_tensors", "placement_diagram", "predict", "ps", "ps_step_timeline",
+           "ps_traffic", "replay_frames", "replica_divergence", "ring", "ring_frame", "ring_replay",
+           "ring_trace", "staleness", "style", "timeline", "watch"]

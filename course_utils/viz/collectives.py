@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from .style import _plt
+from .style import ROLE, _plt, styled
 
 
+@styled
 def per_rank_tensors(before: Sequence[Any], after: Sequence[Any], title: str) -> Any:
     """A grid: one column per rank, rows 'before' and 'after', each cell the rank's values.
 
@@ -30,6 +31,8 @@ def per_rank_tensors(before: Sequence[Any], after: Sequence[Any], title: str) ->
             ax = axes[row][r]
             ax.set_xticks([])
             ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(False)
             val = data[r]
             if val is None:
                 ax.text(0.5, 0.5, "(nothing)", ha="center", va="center", color="grey")
@@ -51,12 +54,13 @@ def per_rank_tensors(before: Sequence[Any], after: Sequence[Any], title: str) ->
     return fig
 
 
+@styled
 def bandwidth_bars(busbw_by_name: Mapping[str, float], title: str) -> Any:
     """Horizontal bars of busbw (GB/s) per implementation."""
     plt = _plt()
     names = list(busbw_by_name)
     fig, ax = plt.subplots(figsize=(6.5, 0.6 * len(names) + 1.2))
-    ax.barh(names, [busbw_by_name[n] for n in names], color="tab:blue")
+    ax.barh(names, [busbw_by_name[n] for n in names], color=ROLE["ring"])
     for i, n in enumerate(names):
         ax.text(busbw_by_name[n], i, f" {busbw_by_name[n]:.2f}", va="center")
     ax.set_xlabel("busbw (GB/s)")
@@ -65,6 +69,7 @@ def bandwidth_bars(busbw_by_name: Mapping[str, float], title: str) -> Any:
     return fig
 
 
+@styled
 def ring_trace(records: Sequence[Mapping[str, Any]], title: str = "ring all-reduce, recorded"
                ) -> Any:
     """A grid of what each rank held and sent: row 'before', one row per message (the chunk's
@@ -91,9 +96,9 @@ def ring_trace(records: Sequence[Mapping[str, Any]], title: str = "ring all-redu
         ax.text(c, 0, fmt(rec["before"]), ha="center", va="center", fontsize=8)
         for i, (dst, vals) in enumerate(rec["messages"]):
             ax.text(c, i + 1, f"→ r{dst}: {fmt(vals)}", ha="center", va="center", fontsize=8,
-                    color="tab:blue")
+                    color=ROLE["ring"])
         ax.text(c, len(rows) - 1, fmt(rec["after"]), ha="center", va="center", fontsize=8,
-                color="tab:green")
+                color=ROLE["all_gather"])
     for y in range(len(rows) - 1):
         ax.axhline(y + 0.5, color="0.85", linewidth=0.8)
     ax.set_title(title, pad=24)

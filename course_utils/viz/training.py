@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from .style import _plt
+from .style import ROLE, _plt, rank_color, styled
 
 
+@styled
 def replica_divergence(curves: Mapping[str, Sequence[float]],
                        title: str = "parameter distance between replicas") -> Any:
     """Lines of the largest ||w_rank - w_rank0|| after each step, one line per variant."""
@@ -26,6 +27,7 @@ def replica_divergence(curves: Mapping[str, Sequence[float]],
     return fig
 
 
+@styled
 def per_rank_curves(values_by_rank: Sequence[Sequence[float]], ylabel: str,
                     title: str, global_values: Sequence[float] | None = None,
                     xlabel: str = "step") -> Any:
@@ -33,9 +35,9 @@ def per_rank_curves(values_by_rank: Sequence[Sequence[float]], ylabel: str,
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for r, ys in enumerate(values_by_rank):
-        ax.plot(np.arange(1, len(ys) + 1), ys, alpha=0.8, label=f"rank {r}")
+        ax.plot(np.arange(1, len(ys) + 1), ys, alpha=0.8, color=rank_color(r), label=f"rank {r}")
     if global_values is not None:
-        ax.plot(np.arange(1, len(global_values) + 1), global_values, color="black",
+        ax.plot(np.arange(1, len(global_values) + 1), global_values, color=ROLE["global"],
                 linewidth=2, label="all ranks (reduced)")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

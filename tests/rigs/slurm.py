@@ -10,6 +10,12 @@ Accounting is not configured (``AccountingStorageType=accounting_storage/none``)
 answers "Slurm accounting storage is disabled". Finished jobs stay visible to ``scontrol`` and
 ``squeue`` for ``MinJobAge`` seconds, which is what :meth:`SlurmRig.job_state` reads.
 
+With ``hosts=`` a two-host rig (tests/rigs/twohosts.py), the cluster has one ``slurmd`` per
+simulated host instead, each in its host's network namespace (node ``rig-a`` at the host's bridge
+address, ...): a job with ``--nodes=2`` spans both "hosts". ``slurmctld`` then runs in the first
+host's namespace (a head node that is also a compute node); the daemons bind to any address,
+and a namespace has only its bridge address (and its own loopback).
+
 Use it through the session fixture :func:`slurm_rig` (import it into a test module), or by hand::
 
     rig = SlurmRig.start()
@@ -284,9 +290,9 @@ def listening_addresses(port: int) -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 _SLURM_CONF = """\
-# Throwaway one-node cluster of the course's test rig ({root}).
+# Throwaway cluster of the course's test rig ({root}).
 ClusterName=courserig
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={host}({ctld_addr})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -294,13 +300,13 @@ SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={root}/munge/munge.socket
-CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
+{communication}
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
+SlurmdSpoolDir={root}/spool/%n
 SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
-SlurmdLogFile={root}/log/slurmd.log
+SlurmdLogFile={root}/log/slurmd-%n.log
 PlugStackConfig={root}/plugstack.conf
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -319,8 +325,8 @@ MessageTimeout=5
 InactiveLimit=0
 KillWait=2
 MinJobAge=600
-NodeName={node} NodeAddr=127.0.0.1 NodeHostname={node} CPUs={cpus} State=UNKNOWN
-PartitionName={partition} Nodes={node} Default=YES MaxTime=30 State=UP
+{node_lines}
+PartitionName={partition} Nodes={node_list} Default=YES MaxTime=30 State=UP
 """
 
 
@@ -330,17 +336,22 @@ def _short_hostname() -> str:
 
 @dataclass
 class SlurmRig:
-    """A running one-node cluster. Build with :meth:`start`; always end with :meth:`teardown`."""
+    """A running cluster. Build with :meth:`start`; always end with :meth:`teardown`."""
 
     root: Path
     conf: Path
     partition: str
     node: str
+    """The (first) node's name: this machine's short hostname on a one-node rig."""
     cpus: int
+    """CPUs of each node."""
     ctld_port: int
     slurmd_port: int
     env: dict[str, str]
     """Variables clients need (``SLURM_CONF``); :meth:`client_env` is a whole environment."""
+    nodes: dict[str, tuple[str | None, str]] = field(default_factory=dict)
+    """Node name -> (network namespace or None, address its slurmd listens on)."""
+    ctld_addr: str = "127.0.0.1"
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     accounting: bool = False
     """No accounting storage: ``sacct`` says "Slurm accounting storage is disabled"."""
@@ -349,9 +360,12 @@ class SlurmRig:
     # -- building -----------------------------------------------------------------------------
 
     @classmethod
-    def start(cls, cpus: int = 2, partition: str = "debug", timeout: float = 30.0) -> SlurmRig:
+    def start(cls, cpus: int = 2, partition: str = "debug", timeout: float = 30.0,
+              hosts: object | None = None) -> SlurmRig:
         """Start munged, slurmctld and slurmd in a fresh directory; wait until the node is idle.
 
+        ``hosts``: a built ``TwoHostRig`` (tests/rigs/twohosts.py); then there is one node per
+        host (``rig-a`` ...), each with ``cpus`` CPUs and its slurmd in the host's namespace.
         Cleans leftovers of crashed runs first. On any failure everything made is removed and a
         :class:`RigError` with the daemons' log tails is raised.
         """
@@ -365,14 +379,21 @@ class SlurmRig:
         root = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=BASE))
         os.chmod(root, 0o755)
         (root / "owner").write_text(f"{os.getpid()} {process_start_time(os.getpid())}\n")
-        node = _short_hostname()
+        if hosts is None:
+            nodes: dict[str, tuple[str | None, str]] = {_short_hostname(): (None, "127.0.0.1")}
+            ctld_addr = "127.0.0.1"
+        else:
+            nodes = {f"rig-{h.name}": (h.netns, h.address) for h in hosts.hosts.values()}
+            ctld_addr = next(iter(nodes.values()))[1]  # slurmctld runs on the first host
+        node = next(iter(nodes))
         ctld_port = free_port()
         slurmd_port = free_port()
         while slurmd_port == ctld_port:
             slurmd_port = free_port()
         conf = root / "slurm.conf"
         rig = cls(root=root, conf=conf, partition=partition, node=node, cpus=cpus,
-                  ctld_port=ctld_port, slurmd_port=slurmd_port, env={"SLURM_CONF": str(conf)})
+                  ctld_port=ctld_port, slurmd_port=slurmd_port, env={"SLURM_CONF": str(conf)},
+                  nodes=nodes, ctld_addr=ctld_addr)
         atexit.register(rig.teardown)
         try:
             rig._write_files()
@@ -383,15 +404,24 @@ class SlurmRig:
         return rig
 
     def _write_files(self) -> None:
-        for sub in ("munge", "state", "spool", "log", "jobs"):
+        for sub in ("munge", "state", "spool", "log", "jobs", *(f"spool/{n}" for n in self.nodes)):
             (self.root / sub).mkdir(mode=0o755)
         key = self.root / "munge" / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
         (self.root / "plugstack.conf").write_text("")
+        node_lines = "\n".join(
+            f"NodeName={name} NodeAddr={addr} NodeHostname={_short_hostname()} CPUs={self.cpus} "
+            "State=UNKNOWN" for name, (_, addr) in self.nodes.items())
+        # One node: bind where this machine's name resolves (loopback). Hosts in namespaces:
+        # bind to any address (a namespace has only its own), as the name resolves to loopback.
+        one = len(self.nodes) == 1 and next(iter(self.nodes.values()))[0] is None
+        communication = "CommunicationParameters=NoInAddrAny,NoCtldInAddrAny" if one else ""
         self.conf.write_text(_SLURM_CONF.format(
-            root=self.root, node=self.node, ctld_port=self.ctld_port,
-            slurmd_port=self.slurmd_port, cpus=self.cpus, partition=self.partition))
+            root=self.root, host=_short_hostname(), ctld_addr=self.ctld_addr,
+            communication=communication,
+            ctld_port=self.ctld_port, slurmd_port=self.slurmd_port, node_lines=node_lines,
+            node_list=",".join(self.nodes), partition=self.partition))
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         env = dict(self.client_env(), **{MARKER: str(self.root)})
@@ -423,17 +453,25 @@ class SlurmRig:
             return done.returncode == 0
 
         wait_until(munge_ready, min(timeout, 10.0), "munged to answer on its socket", self.logs)
-        self._spawn("slurmctld", [which("slurmctld") or "slurmctld", "-D", "-f", str(self.conf)])
-        self._spawn("slurmd", [which("slurmd") or "slurmd", "-D", "-f", str(self.conf),
-                               "-N", self.node])
+        def inside(netns: str | None) -> list[str]:
+            # nsenter, not `ip netns exec`: that remounts /sys, and slurmd needs the cgroup fs.
+            return ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
 
-        def node_idle() -> bool:
+        head = next(iter(self.nodes.values()))[0]
+        self._spawn("slurmctld", [*inside(head), which("slurmctld") or "slurmctld", "-D", "-f",
+                                  str(self.conf)])
+        for name, (netns, _) in self.nodes.items():
+            self._spawn(f"slurmd-{name}", [*inside(netns), which("slurmd") or "slurmd", "-D", "-f",
+                                           str(self.conf), "-N", name])
+
+        def nodes_idle() -> bool:
             self._check_alive()
-            done = self.run(["sinfo", "-h", "-N", "-n", self.node, "-o", "%t"], check=False,
-                            timeout=10)
-            return done.returncode == 0 and done.stdout.strip() == "idle"
+            done = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False, timeout=10)
+            states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+            return done.returncode == 0 and states == dict.fromkeys(self.nodes, "idle")
 
-        wait_until(node_idle, timeout, f"node {self.node} to be idle in `sinfo`", self.logs)
+        wait_until(nodes_idle, timeout, f"node(s) {', '.join(self.nodes)} to be idle in `sinfo`",
+                   self.logs)
 
     # -- using --------------------------------------------------------------------------------
 
@@ -539,7 +577,7 @@ class SlurmRig:
         """Tails of the daemons' logs (what a failure shows)."""
         parts = []
         log_dir = self.root / "log"
-        for name in ("munged", "slurmctld", "slurmd"):
+        for name in ("munged", "slurmctld", *(f"slurmd-{n}" for n in self.nodes)):
             for path in (log_dir / f"{name}.log", log_dir / f"{name}.console"):
                 with contextlib.suppress(OSError):
                     text = path.read_text(errors="replace").splitlines()[-lines:]
@@ -568,7 +606,7 @@ class SlurmRig:
                     self.run(["scancel", *ids], check=False, timeout=5)
                     with contextlib.suppress(RigError):
                         wait_until(self._queue_empty, 5.0, "jobs to end")
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in (*(f"slurmd-{n}" for n in self.nodes), "slurmctld", "munged"):
             proc = self.procs.get(name)
             if proc is not None and proc.poll() is None:
                 proc.terminate()

@@ -1,0 +1,121 @@
+"""Engine-side probes behind the graded tests of ``08_hangs_and_faults``: they make a rank late
+or kill a process in the middle of a save, then look at what the learner's code did."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+
+def _learner(name: str) -> Any:
+    import __main__
+
+    ns = vars(__main__)
+    if name not in ns:
+        raise NameError(f"{name!r} is not defined on this engine: run the cells above first")
+    return ns[name]
+
+
+def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,
+                          timeout_s: float = 1.0) -> dict[str, Any]:
+    """*Collective.* Call the learner's ``fn_name(timeout_s)`` twice: every rank on time, then
+    with ``late_rank`` arriving ``2·timeout_s + 0.5`` s late. Returns both answers and how long
+    the second call took on this rank (a watchdog must give up near ``timeout_s``)."""
+    import torch.distributed as dist
+
+    fn = _learner(fn_name)
+    on_time = fn(timeout_s)
+    dist.barrier()
+    if dist.get_rank() == late_rank:
+        time.sleep(2 * timeout_s + 0.5)
+    t0 = time.perf_counter()
+    late = fn(timeout_s)
+    return {"rank": dist.get_rank(), "on_time": on_time, "late": late,
+            "late_seconds": time.perf_counter() - t0}
+
+
+_CHILD = r"""
+import os, signal, sys
+import cloudpickle, torch
+save, path, steps, crash_at = cloudpickle.load(open(sys.argv[1], "rb"))
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+from course_utils.checks.faults import tiny_run
+calls = []
+real = torch.save
+def dying_save(obj, f, *a, **k):
+    calls.append(os.fspath(f) if isinstance(f, (str, os.PathLike)) else repr(f))
+    if len(calls) == crash_at + 1:             # the save after step `crash_at`: half, then kill -9
+        target = open(f, "wb") if isinstance(f, (str, os.PathLike)) else f
+        target.write(b"PK\x03\x04 half a checkpoint")
+        target.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(obj, f, *a, **k)
+torch.save = dying_save
+tiny_run(0, steps, lambda state: save(state, path))
+"""
+
+
+def tiny_run(start: int, steps: int, on_step: Any, state: dict[str, Any] | None = None) -> Any:
+    """Train a tiny linear model from step ``start`` to ``steps`` (data depends only on the step),
+    calling ``on_step(state)`` after each; ``state`` resumes a run. Returns the flat weights."""
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(10, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    for step in range(start, steps):
+        gen = torch.Generator().manual_seed(step)
+        x, y = torch.randn(8, 10, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+        on_step({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step + 1})
+    return torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+
+
+def engine_check_atomic_save(save_name: str = "save_atomic", folder: str = "/tmp",
+                             steps: int = 6, crash_at: int = 3,
+                             timeout: float = 60.0) -> dict[str, Any]:
+    """*Not collective* (run it on one rank). A child process trains ``steps`` steps saving
+    after each with the learner's ``save_name(state, path)``; during the save after step
+    ``crash_at`` it writes half a file and kills itself with SIGKILL. Then: does ``path`` still
+    load, at which step, and does resuming from it end with the uninterrupted run's weights?"""
+    import cloudpickle
+    import torch
+
+    save = _learner(save_name)
+    path = os.path.join(folder, "atomic-check.pt")
+    for f in os.listdir(folder):
+        if f.startswith("atomic-check"):
+            os.remove(os.path.join(folder, f))
+    job = os.path.join(folder, "atomic-check-job.pkl")
+    with open(job, "wb") as fh:
+        cloudpickle.dump((save, path, steps, crash_at), fh)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", _CHILD, job], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    os.remove(job)
+    out: dict[str, Any] = {"child_returncode": done.returncode, "child_seconds":
+                           time.perf_counter() - t0, "child_stderr": done.stderr[-300:],
+                           "loads": False, "step": None, "resume_diff": None,
+                           "files": sorted(f for f in os.listdir(folder)
+                                           if f.startswith("atomic-check"))}
+    try:
+        state = torch.load(path, weights_only=True)
+        out["loads"], out["step"] = True, int(state["step"])
+    except Exception as exc:  # a half-written checkpoint
+        out["load_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        return out
+    full = tiny_run(0, steps, lambda s: None)
+    resumed = tiny_run(out["step"], steps, lambda s: None, state)
+    out["resume_diff"] = float((full - resumed).abs().max())
+    return out

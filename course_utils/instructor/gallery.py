@@ -1,0 +1,390 @@
+"""``course viz-gallery OUTDIR``: every figure of the course, from real runs, on one page.
+
+How a reviewer looks at every figure at once. The runs are the course's own: the ``%%px`` cells
+of the instructor's notebooks (solutions included) are executed on real engines, then the same
+recorders and figure functions the notebooks use draw each figure. Steps:
+
+1. a 4-engine cluster (a ring on 2 ranks is one message per phase): the ring replay (PNG + an
+   HTML animation), the recorded ring trace, the collectives cheat sheet, per-rank tensors;
+2. a 2-engine cluster: bandwidth bars, the cost model, the DDP timeline, the live training view,
+   per-rank curves, replica divergence;
+3. TensorFlow servers on the same 2 engines: unit 4's traffic, staleness, step timeline and
+   placement, then unit 5's lost worker.
+
+Writes ``OUTDIR/<name>.png`` (and ``.html`` for the animation) and ``OUTDIR/index.html``.
+Small sizes throughout: the whole gallery takes a few minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..cli import ROOT
+
+NOTEBOOKS = ROOT / "notebooks"
+
+
+@dataclass
+class Item:
+    """One figure of the gallery: its file(s), what run produced it, and how long it took."""
+
+    name: str
+    title: str
+    run: str
+    files: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+
+
+def px_cells(notebook: str | Path, through: str) -> str:
+    """The code of every ``%%px`` cell of ``notebook`` up to and including the last cell that
+    defines ``through`` (``def through(`` or ``through =``), magics stripped, in order."""
+    nb = json.loads(Path(notebook).read_text())
+    cells = []
+    last = -1
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        lines = src.splitlines()
+        if not lines or not lines[0].startswith("%%px"):
+            continue
+        cells.append("\n".join(lines[1:]))
+        if f"def {through}(" in src or f"\n{through} =" in f"\n{src}":
+            last = len(cells)
+    if last < 0:
+        raise LookupError(f"no %%px cell of {Path(notebook).name} defines {through!r}")
+    return "\n\n".join(cells[:last])
+
+
+def _save(fig: Any, out: Path, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    path = out / f"{name}.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path.name
+
+
+class Gallery:
+    """Collects figures into ``out`` with one progress bar tick per figure."""
+
+    def __init__(self, out: Path, total: int) -> None:
+        from tqdm import tqdm
+
+        self.out = out
+        self.items: list[Item] = []
+        self.bar = tqdm(total=total, unit="figure", ncols=90, desc="viz-gallery")
+
+    def figure(self, name: str, title: str, run: str, make: Callable[[], Any]) -> Any:
+        """``make()`` returns a Figure, an HTML string, or a list of them; saved as ``name``."""
+        self.bar.set_description(f"{name:<22}")
+        item = Item(name, title, run)
+        t0 = time.perf_counter()
+        result = None
+        try:
+            result = make()
+            for i, thing in enumerate(result if isinstance(result, list) else [result]):
+                suffix = "" if i == 0 else f"_{i}"
+                if isinstance(thing, str):
+                    path = self.out / f"{name}{suffix}.html"
+                    path.write_text(_page(title, thing))
+                    item.files.append(path.name)
+                else:
+                    item.files.append(_save(thing, self.out, name + suffix))
+        except Exception as exc:  # one failed figure must not hide the others
+            item.error = f"{type(exc).__name__}: {exc}"
+            self.bar.write(f"viz-gallery: {name} failed: {item.error}\n{traceback.format_exc()}")
+        item.seconds = time.perf_counter() - t0
+        self.items.append(item)
+        self.bar.update(1)
+        return result
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _page(title: str, body: str) -> str:
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}"
+            f"</title></head><body style='font-family:sans-serif'><h2>{html.escape(title)}</h2>"
+            f"{body}</body></html>")
+
+
+def write_index(out: Path, items: list[Item], seconds: float) -> Path:
+    """``out/index.html``: every figure with its title and one line on the run behind it."""
+    rows = []
+    for it in items:
+        if it.error:
+            body = f"<p style='color:#D55E00'>failed: {html.escape(it.error)}</p>"
+        else:
+            imgs = [f"<a href='{f}'><img src='{f}' style='max-width:100%'></a>"
+                    for f in it.files if f.endswith(".png")]
+            links = [f"<a href='{f}'>{f} (animated)</a>" for f in it.files
+                     if f.endswith(".html")]
+            body = "".join(imgs) + ("<p>" + " · ".join(links) + "</p>" if links else "")
+        rows.append(f"<section><h3>{html.escape(it.title)}</h3><p><b>run:</b> "
+                    f"{html.escape(it.run)} ({it.seconds:.1f} s)</p>{body}</section>")
+    failed = sum(1 for it in items if it.error)
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>course figures</title>"
+            f"</head><body style='font-family:sans-serif;max-width:1400px;margin:auto'>"
+            f"<h1>Every figure of the course</h1><p>{len(items)} figures from real runs in "
+            f"{seconds:.0f} s; {failed} failed. Generated by <code>course viz-gallery</code>."
+            f"</p>{''.join(rows)}</body></html>")
+    path = out / "index.html"
+    path.write_text(page)
+    return path
+
+
+#: The figures, in the order they are made (name, title).
+FIGURES = [
+    ("ring_replay", "Ring all-reduce replay, step by step (unit 1)"),
+    ("ring_trace", "Recorded ring trace (unit 1)"),
+    ("collectives_cheatsheet", "Collectives cheat sheet (unit 1)"),
+    ("per_rank_tensors", "Per-rank tensors before/after all_reduce (unit 1)"),
+    ("bandwidth_bars", "Bus bandwidth: ring vs gloo (unit 1)"),
+    ("cost_model", "Cost model: alpha-beta fit, ring/tree/PS (performance unit)"),
+    ("ddp_timeline", "DDP timeline, bucket_cap_mb compared (unit 3, performance unit)"),
+    ("live_training", "Live training view, final frame (unit 3)"),
+    ("per_rank_curves", "Per-rank loss curves (unit 3)"),
+    ("replica_divergence", "Replica divergence: seed vs fixed (unit 2)"),
+    ("ps_traffic", "Parameter-server traffic per worker and shard (unit 4)"),
+    ("ps_staleness", "Staleness, async vs sync (unit 4)"),
+    ("ps_step_timeline", "Step timeline per worker, async vs sync (unit 4)"),
+    ("ps_placement", "Op placement: the seed vs repaired (unit 4)"),
+    ("closure_timeline", "A worker lost: closures failed, put back, retried (unit 5)"),
+]
+
+
+def run(outdir: str | Path, ring_ranks: int = 4, tf: bool = True) -> list[Item]:
+    """Make every figure into ``outdir``; returns the items (``error`` set on failures)."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    total = len(FIGURES) - (0 if tf else 5)
+    gal = Gallery(out, total)
+    try:
+        _ring_part(gal, ring_ranks)
+        _torch_part(gal, tf)
+    finally:
+        gal.close()
+    index = write_index(out, gal.items, time.perf_counter() - t0)
+    print(f"viz-gallery: {len(gal.items)} figures in {time.perf_counter() - t0:.0f} s -> {index}")
+    return gal.items
+
+
+def _cluster(n: int, suffix: str) -> Any:
+    from .. import settings
+    from ..cluster import lifecycle
+    from ..cluster.profiles import load_profile
+
+    cc = lifecycle._start_new(f"{settings.cluster_id()}-{suffix}", load_profile("local"), n,
+                              settings.start_timeout())
+    cc.refresh_ranks()
+    return cc
+
+
+def _ring_part(gal: Gallery, ranks: int) -> None:
+    from .. import viz
+    from ..torch_dist import collectives, record
+    from ..torch_dist.process_group import init
+    from ..viz import cheatsheet, ring
+
+    nb01 = NOTEBOOKS / "01_collectives.ipynb"
+    cc = _cluster(ranks, f"gallery{ranks}")
+    try:
+        init(cc, backend="gloo")
+        cc.view.execute(px_cells(nb01, "ring_all_reduce"), block=False).get(timeout=120)
+        run = (f"01_collectives' ring_all_reduce (the solution cell) on {ranks} gloo ranks, "
+               f"a {2 * ranks}-element buffer, every send recorded")
+
+        def replay() -> list[Any]:
+            rp = ring.replay_frames(record.record_ring_replay("ring_all_reduce", ranks=ranks,
+                                                              cluster=cc))
+            return [ring.ring_replay(rp), ring.animation_html(rp)]
+
+        gal.figure("ring_replay", FIGURES[0][1], run, replay)
+        gal.figure("ring_trace", FIGURES[1][1], run.replace("every send", "every message"),
+                   lambda: viz.ring_trace(cc.run(collectives.engine_record_ring,
+                                                 "ring_all_reduce", 2 * ranks + 1, timeout=60),
+                                          f"ring all-reduce on {ranks} ranks, recorded"))
+        recs: list[Any] = []
+
+        def sheet() -> Any:
+            recs.extend(cc.run(record.engine_record_collectives, timeout=60))
+            return cheatsheet.collectives_cheatsheet(recs)
+
+        gal.figure("collectives_cheatsheet", FIGURES[2][1],
+                   f"torch_dist.record.engine_record_collectives on {ranks} gloo ranks", sheet)
+        gal.figure("per_rank_tensors", FIGURES[3][1],
+                   f"the cheat sheet's all_reduce on {ranks} ranks",
+                   lambda: viz.per_rank_tensors([r["trace"]["all_reduce"][0] for r in recs],
+                                                [r["trace"]["all_reduce"][1] for r in recs],
+                                                "all_reduce"))
+    finally:
+        cc.stop(force=True)
+
+
+def _torch_part(gal: Gallery, tf: bool) -> None:
+    from .. import viz
+    from ..torch_dist import collectives, record
+    from ..torch_dist.process_group import destroy, init
+
+    cc = _cluster(2, "gallery2")
+    try:
+        init(cc, backend="gloo")
+        p = cc.world_size
+        nb01 = NOTEBOOKS / "01_collectives.ipynb"
+        cc.view.execute(px_cells(nb01, "ring_all_reduce"), block=False).get(timeout=120)
+        nbytes = 8 * 2**20
+
+        def bars() -> Any:
+            times = cc.run(collectives.engine_bench_all_reduce, "ring_all_reduce", nbytes, 5,
+                           timeout=120)[0]
+            bus = {k: collectives.busbw(nbytes, s, p) for k, s in times.items()}
+            return viz.bandwidth_bars(bus, f"all-reduce of {nbytes >> 20} MiB on {p} ranks")
+
+        gal.figure("bandwidth_bars", FIGURES[4][1],
+                   f"01's ring_all_reduce vs dist.all_reduce, 8 MiB float32, {p} ranks, "
+                   "median of 5 in turns", bars)
+
+        def cost() -> Any:
+            sw = cc.run(record.engine_sweep_all_reduce, timeout=120)[0]
+            fit = viz.fit_alpha_beta(sw["sizes"], sw["seconds"], p)
+            gal.bar.write("cost model: " + viz.describe_fit(fit))
+            return viz.cost_model(sw["sizes"], sw["seconds"], p, fit)
+
+        gal.figure("cost_model", FIGURES[5][1],
+                   f"dist.all_reduce (gloo) of 4 B to 4 MiB on {p} ranks, median of 15 each",
+                   cost)
+
+        def timeline() -> Any:
+            runs = {f"bucket_cap_mb={cap:g}": cc.run(record.engine_profile_ddp, 3, cap,
+                                                     timeout=120) for cap in (25.0, 1.0)}
+            return viz.ddp_timeline(runs)
+
+        gal.figure("ddp_timeline", FIGURES[6][1],
+                   f"torch.profiler over 3 DDP steps of a 6x512 MLP (6 MiB of gradients), "
+                   f"batch 64, gloo, {p} ranks, bucket_cap_mb 25 and 1", timeline)
+        rows: list[Any] = []
+
+        def live() -> Any:
+            ar = cc.client[cc.ranks.engine_ids].apply_async(record.engine_train_live, 60)
+            rows.extend(viz.live.watch(ar, p, title=f"DDP on {p} ranks, live", live=False,
+                                       timeout=120))
+            return viz.live.live_training(rows, f"DDP on {p} ranks (final frame)")
+
+        gal.figure("live_training", FIGURES[7][1],
+                   f"torch_dist.record.engine_train_live: 60 DDP steps on the digits, {p} "
+                   "ranks, rows published with ipyparallel datapub", live)
+        gal.figure("per_rank_curves", FIGURES[8][1], "the live view's run, loss per rank",
+                   lambda: viz.per_rank_curves([[r["loss"] for r in rr] for rr in rows],
+                                               "training loss", f"DDP on {p} ranks"))
+
+        def divergence() -> Any:
+            nb02 = NOTEBOOKS / "02_data_parallel_from_scratch.ipynb"
+            cc.view.execute(px_cells(nb02, "train_data_parallel"), block=False).get(timeout=180)
+            seed = cc.pull("spread_seed")[0]
+            fixed = cc.call("train_data_parallel", timeout=120)[0][1]
+            return viz.replica_divergence({"seed: all_reduce(loss) after step()": seed,
+                                           "fixed: all_reduce(grad) / p before step()": fixed})
+
+        gal.figure("replica_divergence", FIGURES[9][1],
+                   f"02's %%px cells (seed loop and solution) for 30 steps on {p} ranks",
+                   divergence)
+        if tf:
+            destroy(cc)  # no process group on the fresh engines TensorFlow gets
+            cc.restart()
+            _tf_part(gal, cc)
+    finally:
+        cc.stop(force=True)
+
+
+def _tf_part(gal: Gallery, cc: Any) -> None:
+    from .. import tf_dist
+    from ..tf_dist import record as trec
+    from ..viz import ps as pt
+
+    nb04 = NOTEBOOKS / "04_tf_classic_ps.ipynb"
+    tf_dist.start_servers(cc, num_ps=2)
+    runs: dict[str, Any] = {}
+    steps = 60
+
+    def traffic() -> Any:
+        cc.view.execute(px_cells(nb04, "train"), block=False).get(timeout=180)
+        for mode, sync in (("async", False), ("sync", True)):
+            tf_dist.reset_ps(cc)
+            runs[mode] = [r for r in cc.run(trec.engine_record_ps, steps, sync, timeout=180)
+                          if r]
+        return pt.ps_traffic(runs)
+
+    run4 = (f"04's build_graph and train (solution cells) on 2 workers + 2 ps tasks, "
+            f"{steps} global steps async then sync")
+    gal.figure("ps_traffic", FIGURES[10][1], run4, traffic)
+    gal.figure("ps_staleness", FIGURES[11][1], run4, lambda: pt.staleness(runs))
+    gal.figure("ps_step_timeline", FIGURES[12][1], run4, lambda: pt.ps_step_timeline(runs))
+    gal.figure("ps_placement", FIGURES[13][1],
+               "04's seed_graph and build_graph, placement of one step's ops on worker 1",
+               lambda: pt.placement_diagram(next(p for p in cc.run(
+                   trec.engine_placement, [("the seed", "seed_graph"), ("repaired", "build_graph")],
+                   timeout=60)[::-1] if p)))
+    tf_dist.teardown(cc)
+    gal.figure("closure_timeline", FIGURES[14][1],
+               "ParameterServerStrategy, coordinator in this process, 2 workers + 2 ps; 150 "
+               "timed closures, rank 1 (worker:1) killed 0.05 s after scheduling them",
+               lambda: _lost_worker(cc))
+    tf_dist.teardown(cc)
+
+
+def _lost_worker(cc: Any, n: int = 150) -> Any:
+    """Unit 5's lost worker with a small step of its own (not the learner's exercise)."""
+    from .. import tf_dist
+    from ..tf_dist import record as trec
+    from ..viz import ps as pt
+
+    tfc = tf_dist.start_servers(cc, num_ps=2, num_workers=2)
+    tf = tf_dist.quiet_tensorflow()
+    strategy = tf_dist.connect_coordinator(tfc, cluster=cc)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[0, 1]) * 0.1)
+
+    @tf.function
+    def step() -> Any:
+        x = tf.random.stateless_normal([256, 64], seed=[1, 2])
+        for _ in range(20):
+            x = tf.tanh(tf.matmul(x, w))
+        w.assign_add(1e-6 * tf.reduce_mean(x) * tf.ones_like(w))
+        return tf.reduce_sum(x)
+
+    timed = trec.timed(step)
+    for _ in range(4):  # every worker has the function before the recorded closures
+        coordinator.schedule(timed, args=(tf.constant(-1),))
+    coordinator.join()
+    with trec.record_coordinator() as events:
+        scheduled, remote = [], []
+        for i in range(n):
+            scheduled.append(time.time())
+            remote.append(coordinator.schedule(timed, args=(tf.constant(i),)))
+        time.sleep(0.05)
+        killed = time.time()
+        tf_dist.kill_rank(1, cc)
+        error, _ = tf_dist.join_within(coordinator, timeout=120)
+    if error:
+        raise RuntimeError(f"join() after losing a worker: {error}")
+    if not any(e["event"] == "failed" for e in events):
+        raise RuntimeError("the coordinator logged no worker failure: every closure finished "
+                           "before the kill (a faster machine: schedule more closures)")
+    rows = trec.closure_rows(trec.fetch_all(remote), scheduled)
+    return pt.closure_timeline(rows, events, killed)

@@ -1,0 +1,496 @@
+"""Recorders for the PyTorch track's figures: they run on the engines and return plain data.
+
+Record on the engines, pull lists and dicts, plot with :mod:`course_utils.viz` (which never
+talks to a cluster). Every ``engine_*`` function runs on the engines (``cluster.run``) and is
+*collective* unless it says otherwise: every rank must call it. Used by:
+
+* ``01_collectives``: :func:`engine_record_collectives` (the cheat sheet),
+  :func:`engine_record_ring_frames` and :func:`record_ring_replay` (the ring replay on 4 ranks);
+* ``03_pytorch_ddp`` and the performance unit: :func:`engine_profile_ddp` (the DDP timeline),
+  :func:`engine_sweep_all_reduce` (the cost model), :class:`LiveLog` (the live training view).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..cluster import CourseCluster, current
+
+#: The seven collectives of the cheat sheet, in the order they are taught.
+COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather",
+               "reduce_scatter")
+
+
+# ---- cost model ----------------------------------------------------------------------------
+def default_sizes(smallest: int = 4, largest: int = 4 * 2**20, factor: int = 4) -> list[int]:
+    """Message sizes in bytes for a sweep: ``smallest``, ``smallest*factor``, ... ``largest``."""
+    sizes, s = [], int(smallest)
+    while s <= largest:
+        sizes.append(s)
+        s *= factor
+    return sizes
+
+
+def engine_sweep_all_reduce(sizes: Sequence[int] | None = None, iters: int = 15,
+                            warmup: int = 1) -> dict[str, Any]:
+    """*Collective.* Median seconds of ``dist.all_reduce`` on a float32 buffer of each size in
+    ``sizes`` (bytes; default 4 B to 4 MiB), the slowest rank's time for each run."""
+    import torch
+    import torch.distributed as dist
+
+    from .collectives import engine_time
+
+    sizes = list(default_sizes() if sizes is None else sizes)
+    seconds = []
+    for nbytes in sizes:
+        t = torch.ones(max(1, int(nbytes) // 4))
+        seconds.append(engine_time(lambda t=t: dist.all_reduce(t), iters=iters, warmup=warmup))
+    return {"sizes": [max(1, int(s) // 4) * 4 for s in sizes], "seconds": seconds,
+            "world_size": dist.get_world_size(), "backend": str(dist.get_backend())}
+
+
+# ---- DDP timeline --------------------------------------------------------------------------
+def timeline_mlp(width: int = 512, depth: int = 6, classes: int = 10, seed: int = 0) -> Any:
+    """An MLP of ``depth`` ``width x width`` layers: large enough gradients (4·width²·depth
+    bytes) for DDP's buckets to show, small enough compute for a CPU."""
+    import torch
+    from torch import nn
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        layers: list[nn.Module] = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        return nn.Sequential(*layers, nn.Linear(width, classes))
+
+
+def _kind(name: str) -> str | None:
+    if name == "gloo:all_reduce" or name.startswith("nccl:all_reduce"):
+        return "all_reduce"
+    if name == "DistributedDataParallel.forward":
+        return "forward"
+    if name.startswith("autograd::engine::evaluate_function:"):
+        return "backward"
+    if name.startswith("Optimizer.step"):
+        return "optimizer"
+    return None
+
+
+def engine_profile_ddp(steps: int = 3, bucket_cap_mb: float = 25.0, width: int = 512,
+                       depth: int = 6, batch: int = 64, warmup: int = 2,
+                       model_fn: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """*Collective.* Train a DDP model for ``steps`` steps under ``torch.profiler`` and return
+    this rank's timeline: forward, backward and optimizer spans (the compute thread) and every
+    ``all_reduce`` of a gradient bucket (gloo's own threads), in seconds from the first step's
+    start, which a barrier aligns across ranks.
+
+    ``bucket_cap_mb`` is DDP's bucket size; ``bucket_bytes`` lists the buckets DDP built, in the
+    order it reduces them. ``model_fn`` (default :func:`timeline_mlp`) builds the model.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    rank = dist.get_rank()
+    model = (model_fn or (lambda: timeline_mlp(width, depth)))()
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(rank)
+    in_features = next(m for m in model.modules() if isinstance(m, torch.nn.Linear)).in_features
+    x = torch.randn(batch, in_features, generator=gen)
+    y = torch.randint(0, 10, (batch,), generator=gen)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+    for _ in range(warmup):  # DDP rebuilds its buckets after the first iteration
+        step()
+    spans: list[tuple[int, float]] = []
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for s in range(steps):
+            dist.barrier()
+            with record_function(f"course:step{s}"):
+                step()
+    events = list(prof.events())
+    marks = sorted((e.time_range.start, e.time_range.end, e.name) for e in events
+                   if e.name.startswith("course:step"))
+    t0 = marks[0][0] if marks else 0.0
+    spans = [((a - t0) / 1e6, (b - t0) / 1e6) for a, b, _ in marks]
+
+    def step_of(t: float) -> int:
+        for i, (_a, b) in enumerate(spans):
+            if t <= b:
+                return i
+        return len(spans) - 1
+
+    out: list[dict[str, Any]] = []
+    main_threads = {e.thread for e in events if e.name.startswith("course:step")}
+    for e in events:
+        kind = _kind(e.name)
+        if kind is None:
+            continue
+        if kind != "all_reduce" and e.thread not in main_threads:
+            continue
+        start, end = (e.time_range.start - t0) / 1e6, (e.time_range.end - t0) / 1e6
+        if end < 0:
+            continue
+        out.append({"kind": kind, "start": start, "end": end, "step": step_of(start)})
+    out = _merge_backward(sorted(out, key=lambda d: d["start"]))
+    for s in range(len(spans)):  # bucket index: order of the step's all_reduces
+        reds = [d for d in out if d["kind"] == "all_reduce" and d["step"] == s]
+        for i, d in enumerate(reds):
+            d["bucket"] = i
+    info = ddp._get_ddp_logging_data()
+    sizes = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or "")
+    bucket_bytes = [int(v) for v in sizes.replace(" ", "").split(",") if v]
+    return {"rank": rank, "events": out, "steps": spans, "bucket_cap_mb": float(bucket_cap_mb),
+            "bucket_bytes": bucket_bytes, "backend": str(dist.get_backend()),
+            "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+def _merge_backward(events: list[dict[str, Any]], gap: float = 2e-4) -> list[dict[str, Any]]:
+    """Join backward pieces (one per autograd node) that follow each other within ``gap`` s."""
+    out: list[dict[str, Any]] = []
+    last: dict[str, Any] | None = None
+    for e in events:
+        if e["kind"] != "backward":
+            out.append(e)
+            continue
+        if last is not None and last["step"] == e["step"] and e["start"] - last["end"] <= gap:
+            last["end"] = max(last["end"], e["end"])
+            continue
+        last = dict(e)
+        out.append(last)
+    return out
+
+
+# ---- live training view --------------------------------------------------------------------
+class LiveLog:
+    """Per-step metrics of a training loop on an engine, kept in a list and published to the
+    kernel while the loop runs (ipyparallel's ``datapub``), at most ``max_hz`` times a second.
+
+    ``course_utils.viz.live.watch`` draws them from the kernel as they arrive; afterwards
+    ``cluster.pull`` of the variable holding the log gives its ``rows``. Introduced in
+    ``03_pytorch_ddp``.
+    """
+
+    def __init__(self, max_hz: float = 4.0) -> None:
+        self.rows: list[dict[str, float]] = []
+        self.min_interval = 1.0 / max_hz if max_hz > 0 else 0.0
+        self._last = 0.0
+        self._t0 = time.perf_counter()
+        self._published = 0
+
+    def log(self, **metrics: float) -> None:
+        """Append one step's metrics (``time`` since the log began is added); publish the
+        rows not yet sent when the last publication is older than ``1/max_hz`` s."""
+        row = {k: float(v) for k, v in metrics.items()}
+        row.setdefault("time", time.perf_counter() - self._t0)
+        self.rows.append(row)
+        now = time.perf_counter()
+        if now - self._last >= self.min_interval:
+            self.flush()
+            self._last = now
+
+    def flush(self) -> None:
+        """Publish every row logged so far (the kernel keeps the newest publication)."""
+        try:
+            from ipyparallel.datapub import publish_data
+
+            publish_data({"course_live": list(self.rows)})
+            self._published = len(self.rows)
+        except Exception:  # not inside an ipyparallel engine: the rows stay pullable
+            pass
+
+
+def engine_train_live(steps: int = 60, batch: int = 64, lr: float = 0.1, hidden: int = 64,
+                      max_hz: float = 4.0, delay: float = 0.0) -> list[dict[str, float]]:
+    """*Collective.* A small DDP run on this rank's shard of the digits that logs every step to
+    a :class:`LiveLog` (loss, step time, samples/s); returns the rows. ``delay`` seconds of sleep
+    per step make a short run last long enough to watch."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from ..data import digits
+    from .train import digits_mlp, step_batches
+
+    rank, p = dist.get_rank(), dist.get_world_size()
+    ds = digits()
+    x, y = torch.from_numpy(ds.x), torch.from_numpy(ds.y)
+    model = DDP(digits_mlp(0, hidden))
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    live = LiveLog(max_hz=max_hz)
+    for s, idx in enumerate(step_batches(len(ds), rank, p, batch, steps)):
+        t0 = time.perf_counter()
+        ii = torch.from_numpy(idx)
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x[ii]), y[ii])
+        loss.backward()
+        opt.step()
+        if delay:
+            time.sleep(delay)
+        dt = time.perf_counter() - t0
+        live.log(step=s, loss=float(loss), step_time=dt, samples_per_s=len(ii) / dt)
+    live.flush()
+    return live.rows
+
+
+# ---- collectives cheat sheet ---------------------------------------------------------------
+def engine_record_collectives(width: int = 2) -> dict[str, Any]:
+    """*Collective.* Run the seven collectives once each on small readable tensors and return
+    what this rank held before and after every one (``None`` where a rank holds nothing).
+
+    Rank ``r``'s input is ``10*(r+1) + [0, 1, ...]`` (``width`` < 10 values; ``scatter``'s root
+    and ``reduce_scatter`` hold ``p`` chunks, chunk ``i`` being ``100*i + 10*(r+1) + [0, ...]``),
+    roots are rank 0, ops sum. Every sum over all ranks is larger than every input, so a figure
+    can tell a rank's own value from a sum.
+    """
+    import torch
+    import torch.distributed as dist
+
+    r, p = dist.get_rank(), dist.get_world_size()
+    if not 1 <= width < 10:
+        raise ValueError(f"width must be 1..9, got {width}")
+
+    def mine() -> Any:
+        return torch.arange(width, dtype=torch.float32) + 10.0 * (r + 1)
+
+    def chunked() -> list[Any]:
+        return [torch.arange(width, dtype=torch.float32) + 100.0 * i + 10.0 * (r + 1)
+                for i in range(p)]
+
+    def flat(t: Any) -> list[float] | None:
+        return None if t is None else [float(v) for v in t.reshape(-1)]
+
+    out: dict[str, tuple[Any, Any]] = {}
+    x = mine()
+    before = flat(x)
+    dist.broadcast(x, src=0)
+    out["broadcast"] = (before, flat(x))
+
+    chunks = chunked() if r == 0 else None
+    got = torch.zeros(width)
+    dist.scatter(got, scatter_list=chunks, src=0)
+    out["scatter"] = (flat(torch.cat(chunks)) if chunks else None, flat(got))
+
+    x = mine()
+    bucket = [torch.empty(width) for _ in range(p)] if r == 0 else None
+    dist.gather(x, gather_list=bucket, dst=0)
+    out["gather"] = (flat(x), flat(torch.cat(bucket)) if bucket else None)
+
+    x = mine()
+    before = flat(x)
+    dist.reduce(x, dst=0)
+    out["reduce"] = (before, flat(x) if r == 0 else None)  # undefined off the root
+
+    x = mine()
+    before = flat(x)
+    dist.all_reduce(x)
+    out["all_reduce"] = (before, flat(x))
+
+    x = mine()
+    everyone = [torch.empty(width) for _ in range(p)]
+    dist.all_gather(everyone, x)
+    out["all_gather"] = (flat(x), flat(torch.cat(everyone)))
+
+    chunks = chunked()
+    got = torch.empty(width)
+    dist.reduce_scatter(got, chunks)
+    out["reduce_scatter"] = (flat(torch.cat(chunks)), flat(got))
+    return {"rank": r, "world_size": p, "width": width, "trace": out}
+
+
+# ---- ring replay ---------------------------------------------------------------------------
+def engine_record_ring_frames(fn_name: str = "ring_all_reduce", n: int | None = None
+                              ) -> dict[str, Any]:
+    """*Collective.* Run the ``%%px`` function ``fn_name(t)`` (the learner's ring all-reduce) on
+    a tensor that records whose contributions each element holds, and snapshot this rank's
+    whole buffer each time it sends.
+
+    Rank ``r`` starts with ``t[i] = 2**r * (i + 1)``: any sum of contributions from a set ``S``
+    of ranks is ``(i + 1) * sum(2**s for s in S)``, so every later value names its set ``S``
+    exactly (float32 is exact here for up to 16 ranks and small ``n``). Returns ``frames`` (the
+    buffer before each send, then after the call), ``sends`` (destination and first element of
+    each message) and ``n``; :func:`course_utils.viz.ring.replay_frames` decodes them.
+    """
+    import torch
+    import torch.distributed as dist
+
+    import __main__
+
+    fn = vars(__main__).get(fn_name)
+    if fn is None:
+        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    r, p = dist.get_rank(), dist.get_world_size()
+    if p > 16:
+        raise ValueError("the ring replay encodes ranks in float32 bits: at most 16 ranks")
+    n = int(n or 2 * p)
+    t = (torch.arange(n, dtype=torch.float32) + 1.0) * float(2 ** r)
+    base = t.data_ptr()
+    frames: list[list[float]] = []
+    sends: list[dict[str, Any]] = []
+    saved = {name: getattr(dist, name) for name in ("send", "isend")}
+
+    def spying(name: str) -> Callable[..., Any]:
+        def spy(tensor: Any, dst: int, *args: Any, **kwargs: Any) -> Any:
+            frames.append(t.tolist())
+            offset = (tensor.data_ptr() - base) // t.element_size()
+            sent = tensor.detach().reshape(-1).tolist()
+            if not 0 <= offset < n:  # a copy was sent: find it in the buffer by its values
+                offset = _find(t.tolist(), sent)
+            sends.append({"dst": int(dst), "start": int(offset), "size": len(sent)})
+            return saved[name](tensor, dst, *args, **kwargs)
+        return spy
+
+    for name in saved:
+        setattr(dist, name, spying(name))
+    try:
+        fn(t)
+    finally:
+        for name, f in saved.items():
+            setattr(dist, name, f)
+    frames.append(t.tolist())
+    return {"rank": r, "world_size": p, "n": n, "frames": frames, "sends": sends}
+
+
+def _find(buffer: list[float], part: list[float]) -> int:
+    for i in range(len(buffer) - len(part) + 1):
+        if buffer[i:i + len(part)] == part:
+            return i
+    return -1
+
+
+def _global_names(code: Any) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _global_names(const)
+    return names
+
+
+#: Names every engine gets from the course itself (never copied between clusters).
+_ENGINE_NAMES = {"rank", "world_size", "local_rank", "host", "device"}
+
+
+def engine_snapshot_of(name: str) -> bytes:
+    """The ``%%px`` function ``name`` as a portable snapshot: its source, the sources of the
+    ``%%px`` functions it calls, the modules and imported functions it uses, and its other
+    globals (pickled). Bytes, so the kernel forwards it without unpickling (no torch there).
+    Not collective. :func:`engine_restore` rebuilds it on another cluster's engines."""
+    import importlib
+    import inspect
+    import pickle
+    import textwrap
+    import types
+
+    import __main__
+
+    ns = vars(__main__)
+    if not callable(ns.get(name)):
+        raise NameError(f"{name!r} is not defined on this engine: run the %%px cell first")
+    sources: dict[str, str] = {}
+    modules: dict[str, str] = {}
+    froms: dict[str, tuple[str, str]] = {}
+    values: dict[str, bytes] = {}
+    todo = [name]
+    while todo:
+        fname = todo.pop()
+        if fname in sources:
+            continue
+        fn = ns[fname]
+        sources[fname] = textwrap.dedent(inspect.getsource(fn))
+        for g in sorted(_global_names(fn.__code__)):
+            if g in _ENGINE_NAMES or g in sources or g not in ns:
+                continue
+            v = ns[g]
+            mod = getattr(v, "__module__", None)
+            if isinstance(v, types.ModuleType):
+                modules[g] = v.__name__
+            elif isinstance(v, types.FunctionType) and mod == "__main__":
+                todo.append(g)
+            elif callable(v) and mod and mod != "__main__" and \
+                    getattr(importlib.import_module(mod), getattr(v, "__name__", ""), None) is v:
+                froms[g] = (mod, v.__name__)
+            else:
+                try:
+                    values[g] = pickle.dumps(v)
+                except Exception:  # an unpicklable global: the function will say it is missing
+                    pass
+    return pickle.dumps({"name": name, "sources": list(reversed(sources.values())),
+                         "modules": modules, "froms": froms, "values": values})
+
+
+def engine_restore(snapshot: bytes) -> str:
+    """Rebuild a function from :func:`engine_snapshot_of` in this engine's ``%%px``
+    namespace; returns its name. Not collective."""
+    import importlib
+    import pickle
+
+    import __main__
+
+    ns = vars(__main__)
+    snap = pickle.loads(snapshot)
+    for alias, mod in snap["modules"].items():
+        ns[alias] = importlib.import_module(mod)
+    for alias, (mod, attr) in snap["froms"].items():
+        ns[alias] = getattr(importlib.import_module(mod), attr)
+    for g, blob in snap["values"].items():
+        ns[g] = pickle.loads(blob)
+    for src in snap["sources"]:
+        exec(compile(src, f"<course snapshot of {snap['name']}>", "exec"), ns)
+    return snap["name"]
+
+
+#: What the notebook's earlier cells define before the ring cell runs.
+_PREAMBLE = "import torch\nimport torch.distributed as dist\n"
+
+
+def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int | None = None,
+                       source: str | None = None, cluster: CourseCluster | None = None,
+                       timeout: float = 120.0) -> list[dict[str, Any]]:
+    """Run the learner's ring all-reduce on ``ranks`` ranks and record it for the ring replay.
+
+    If the current cluster already has ``ranks`` engines, it records there. Otherwise it copies
+    the ``%%px`` function ``fn_name`` from the current cluster's rank 0 (with what it uses; or
+    runs ``source``, a cell's code, instead), starts a separate ``ranks``-engine cluster for the
+    recording only (about 15 s on a laptop), records, and stops it. The notebook's own cluster
+    and process group are left as they were. Returns one record per rank for
+    :func:`course_utils.viz.ring.replay_frames`.
+    """
+    from ..cluster import lifecycle
+    from ..cluster.profiles import load_profile
+    from ..settings import cluster_id as default_cluster_id
+    from .process_group import init
+
+    try:
+        cc = cluster or current()
+    except Exception:
+        cc = None
+    if cc is not None and cc.world_size == ranks:
+        return cc.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
+    snapshot = None
+    if source is None:
+        if cc is None:
+            raise ValueError("no cluster to copy the ring from: pass source= (the cell's code)")
+        snapshot = cc.run_on(0, engine_snapshot_of, fn_name, timeout=30)
+    cid = f"{(cc.cluster_id if cc else default_cluster_id())}-ring{ranks}"
+    side = lifecycle._start_new(cid, load_profile("local"), ranks, timeout)
+    try:
+        side.refresh_ranks()
+        init(side, backend="gloo")
+        side.view.execute(_PREAMBLE, block=False).get(timeout=timeout)
+        if snapshot is not None:
+            side.run(engine_restore, snapshot, timeout=timeout)
+        else:
+            side.view.execute(source, block=False).get(timeout=timeout)
+        return side.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
+    finally:
+        side.stop(force=True)

@@ -1,0 +1,136 @@
+"""Words are defined before they are used, and "Unit N" points at a unit that exists.
+
+The glossary is the table in unit 0's ``glossary`` cell (the one place the terms live): a term is
+each **bold** item and each ``code`` spelling in a row's first column. An ordered scan over
+every notebook (00, 01, ...; cells in order) checks that no cell uses a term before that table.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from course_utils.instructor.grading import (
+    NOTEBOOK_DIR,
+    nbgrader_meta,
+    read,
+    source_notebooks,
+)
+
+GLOSSARY_NOTEBOOK = "00_cluster_tour.ipynb"
+GLOSSARY_CELL = "glossary"
+
+#: What issue 15 asked the glossary to define, at least (the table may hold more).
+REQUIRED = {
+    "rank", "world size", "local rank", "process group", "rendezvous", "backend",
+    "master address", "engine", "kernel", "idempotent", "SIGINT", "collective", "all_reduce",
+    "algbw", "busbw", "parameter server", "job", "ps task", "worker task", "gRPC", "closure",
+}
+
+
+def glossary_cell() -> tuple[int, str]:
+    nb = read(NOTEBOOK_DIR / GLOSSARY_NOTEBOOK)
+    for i, c in enumerate(nb.cells):
+        if nbgrader_meta(c).get("grade_id") == GLOSSARY_CELL:
+            return i, c.source
+    raise AssertionError(f"{GLOSSARY_NOTEBOOK} has no cell with grade_id {GLOSSARY_CELL!r}")
+
+
+def parse_terms(table: str) -> list[str]:
+    """Terms of a markdown glossary table: bold items and code spellings of column one."""
+    terms: list[str] = []
+    for line in table.splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) < 2 or not line.lstrip().startswith("|") or set(cols[0]) <= {"-", " "}:
+            continue
+        first = cols[0]
+        if first.lower() == "term":
+            continue
+        for item in re.findall(r"\*\*(.+?)\*\*", first) + re.findall(r"`([^`]+)`", first):
+            item = item.strip("`").strip()
+            if item and item not in terms:
+                terms.append(item)
+    return terms
+
+
+def term_pattern(term: str) -> re.Pattern[str]:
+    """A term as a whole word (plural and possessive allowed), case-insensitive."""
+    core = re.escape(term)
+    left = r"(?<![A-Za-z0-9])" if term[0].isalnum() else ""
+    right = r"(?:s|es|'s)?(?![A-Za-z0-9])" if term[-1].isalnum() else ""
+    return re.compile(left + core + right, re.IGNORECASE)
+
+
+def test_parse_terms_reads_bold_and_code_spellings():
+    table = ("| term | meaning |\n| --- | --- |\n| **world size** (`world_size`) | how many |\n"
+             "| **`%%px`** | a magic |\n| **backend** (**gloo**, **NCCL**) | library |")
+    assert parse_terms(table) == ["world size", "world_size", "%%px", "backend", "gloo", "NCCL"]
+    assert term_pattern("rank").search("two ranks claimed") and term_pattern("rank").search(
+        "local_rank") and not term_pattern("rank").search("ranking")
+    assert term_pattern("%%px").search("a %%px cell")
+
+
+def test_glossary_defines_what_the_issue_asked_for():
+    _, text = glossary_cell()
+    terms = parse_terms(text)
+    missing = sorted(REQUIRED - set(terms))
+    assert not missing, f"the glossary in {GLOSSARY_NOTEBOOK} lacks {missing}"
+
+
+def test_every_glossary_term_is_defined_before_any_notebook_uses_it():
+    index, text = glossary_cell()
+    terms = parse_terms(text)
+    early: list[str] = []
+    for path in source_notebooks():   # 00, 01, ...: the order a learner reads them
+        nb = read(path)
+        for i, cell in enumerate(nb.cells):
+            if path.name == GLOSSARY_NOTEBOOK and i >= index:
+                break
+            for term in terms:
+                if term_pattern(term).search(cell.source):
+                    early.append(f"{path.name} cell {i}: {term!r}")
+        if path.name == GLOSSARY_NOTEBOOK:
+            break
+    assert not early, "terms used before the glossary defines them: " + "; ".join(early)
+
+
+UNIT_REF = re.compile(r"\bUnits?\s+(\d+)(?:\s*(?:[-–]|to)\s*(\d+))?")
+
+
+def unit_references(text: str) -> list[int]:
+    """Every unit number a text names ("Unit 3", "Units 4-5" gives 4 and 5)."""
+    out: list[int] = []
+    for m in UNIT_REF.finditer(text):
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def test_unit_references_parse():
+    assert unit_references("Unit 3 and Units 4–5; see Units 0-1, a later unit") == [3, 4, 5, 0, 1]
+
+
+@pytest.mark.parametrize("path", source_notebooks(), ids=lambda p: p.name)
+def test_every_unit_reference_points_to_a_notebook(path):
+    existing = {int(p.name[:2]) for p in source_notebooks()}
+    nb = read(path)
+    dangling = sorted({(i, n) for i, c in enumerate(nb.cells) for n in unit_references(c.source)
+                       if n not in existing})
+    assert not dangling, (
+        f"{path.name} names units without a notebook (cell, unit): {dangling}; say 'a later "
+        f"unit' until that notebook exists")
+
+
+SEED_ALLOWED = re.compile(r"random seeds?|\w*seed\w*\s*=|\w+_seed\w*|seed_\w+", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", source_notebooks(), ids=lambda p: p.name)
+def test_seed_only_means_a_random_seed(path):
+    """Learners meet "the original program", never our internal word for it; "seed" is only
+    ever a random seed (``seed=0``, ``init_seed``, "random seed")."""
+    nb = read(path)
+    bad = [(i, m.group(0)) for i, c in enumerate(nb.cells)
+           for m in re.finditer(r"\bseeds?\b", SEED_ALLOWED.sub("", c.source), re.IGNORECASE)]
+    assert not bad, f"{path.name}: 'seed' not as a random seed in cells {bad}"
