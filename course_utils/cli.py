@@ -2,7 +2,7 @@
 
     course lab [--engines N] [--no-browser] [--port P] [--workdir W | --source] [-- jupyter args]
     course home | course solution UNIT EXERCISE | course kernel
-    course doctor [--engines N] [--no-tf] [--profile PROFILE]
+    course doctor [--engines N] [--no-tf] [--profile PROFILE | --hosts PROFILE]
     course bench startup [--engines N]
     course stop
     course viz-gallery OUTDIR [--ring-ranks 4] [--no-tf]
@@ -93,6 +93,11 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.hosts:  # two-host workshops: check every host of an SSH profile (unit 6)
+        from .instructor.doctor_hosts import run_host_checks
+
+        results = run_host_checks(args.hosts, timeout=args.timeout)
+        return 1 if any(c.status == "FAIL" for c in results) else 0
     from .instructor.doctor import run_checks
 
     results = run_checks(engines=args.engines, timeout=args.timeout, tf=not args.no_tf,
@@ -160,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     doc.add_argument("--profile", default=None,
                      help="check a cluster profile instead (a slurm profile: the scheduler, "
                           "its partition, a tiny job, then engines as a Slurm job)")
+    doc.add_argument("--hosts", metavar="PROFILE", default=None,
+                     help="check every host of an SSH profile (ssh, python, GPUs, interface, "
+                          "shared paths, ports, a cross-host all_reduce)")
     doc.set_defaults(func=cmd_doctor)
 
     b = sub.add_parser("bench", help="benchmarks; prints a JSON line last")

@@ -113,7 +113,8 @@ def test_two_host_example_profile_parses():
     env = prof.engine_env(4, threads=8)
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == prof.socket_ifname
     kw = prof.cluster_kwargs()
-    assert kw["engines"] == "ssh" and kw["controller_location"] == prof.controller_ip
+    assert kw["engines"].__name__ == "CourseSSHEngineSetLauncher"
+    assert kw["controller_ip"] == kw["controller_location"] == prof.controller_ip
     engines = kw["config"].SSHEngineSetLauncher.engines
     assert list(engines) == prof.host_order
 

@@ -22,7 +22,69 @@ STACK_SIGNAL = getattr(signal, "SIGUSR2", None)
 _STACK_OUT: list[Any] = []
 
 
+#: Set by :func:`install` when it pinned this engine to one GPU: the host's list before that.
+ENV_ALL_GPUS = "COURSE_HOST_CUDA_DEVICES"
+
+
+def _gpu_ids(visible: str | None = None) -> list[str]:
+    """The GPU ids this process may use: ``$CUDA_VISIBLE_DEVICES`` or every GPU of the host."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if visible is not None:
+        return [v.strip() for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+    try:
+        return sorted(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return []
+
+
+def cuda_devices_for(local_rank: int, local_world_size: int, host_gpus: list[str]) -> str | None:
+    """The ``CUDA_VISIBLE_DEVICES`` value for one engine: its local rank's GPU, or None.
+
+    Pure (unit 6). With ``local_world_size`` engines on a host that has at least that many GPUs,
+    local rank ``i`` sees only GPU ``host_gpus[i]`` (as device 0), so no two ranks share a GPU
+    and NCCL gets one device per rank. With no GPUs, or fewer GPUs than engines, nothing is
+    pinned (``None``: the backend choice falls back to gloo).
+    """
+    if not host_gpus or local_world_size > len(host_gpus) or not 0 <= local_rank < len(host_gpus):
+        return None
+    return host_gpus[local_rank]
+
+
+def _cuda_touched() -> bool:
+    """Whether a framework in this process may already have initialised CUDA."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                return True
+        except Exception:
+            return True
+    return "tensorflow" in sys.modules or "jax" in sys.modules
+
+
+def pin_gpu(local_rank: int, local_world_size: int) -> str | None:
+    """Set ``CUDA_VISIBLE_DEVICES`` to this engine's GPU before any framework touches CUDA.
+
+    Idempotent: the host's full list is kept in ``$COURSE_HOST_CUDA_DEVICES``, so a second call
+    (a kernel re-connecting) pins from the same list. Returns the value set, or None.
+    """
+    host = os.environ.get(ENV_ALL_GPUS)
+    gpus = host.split(",") if host else _gpu_ids()
+    value = cuda_devices_for(local_rank, local_world_size, gpus)
+    if value is None or _cuda_touched():
+        return None
+    os.environ[ENV_ALL_GPUS] = ",".join(gpus)
+    os.environ["CUDA_VISIBLE_DEVICES"] = value
+    return value
+
+
 def _gpu_count() -> int:
+    """GPUs on this host (before :func:`pin_gpu` narrowed this engine to one)."""
+    pinned = os.environ.get(ENV_ALL_GPUS)
+    if pinned:
+        return len(pinned.split(","))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
@@ -77,6 +139,9 @@ def describe(controller_addr: str = "127.0.0.1") -> dict[str, Any]:
         "pid": os.getpid(),
         "gpus": _gpu_count(),
         "cpus": os.cpu_count() or 1,
+        # The profile's host entry, set per host by the SSH launcher (profiles.ENV_NODE):
+        # tells apart hosts that share a host name.
+        "node": os.environ.get("COURSE_NODE") or None,
     }
     slurm = slurm_facts()
     if slurm is not None:
@@ -92,6 +157,7 @@ def install(info: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
     import __main__
 
     os.environ.update(env)
+    pin_gpu(int(info.get("local_rank", 0)), int(info.get("local_world_size", 1)))
     STATE.clear()
     STATE.update(info)
     ns = vars(__main__)

@@ -18,6 +18,7 @@ import datetime
 import json
 import logging
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,7 @@ from ..errors import (
     ClusterNotRunning,
     ClusterTimeout,
     CourseError,
+    EngineError,
     EnginesDidNotStart,
     ProcessGroupGone,
     WorldSizeMismatch,
@@ -618,14 +620,29 @@ def _engine_error(exc: Exception, cc: CourseCluster) -> CourseError:
     errors = exc.elist if isinstance(exc, ipp.error.CompositeError) else [
         (exc.ename, exc.evalue, exc.traceback, exc.engine_info)
     ]
-    found = []
+    found, died = [], []
     for ename, evalue, tb, info in errors:
         eid = (info or {}).get("engine_id")
+        lost = re.match(r"Engine (\d+) died", str(evalue)) if ename == "EngineError" else None
+        if eid is None and lost:  # the controller lost its heartbeat: process or host gone
+            eid = int(lost.group(1))
         rank = None
         if eid is not None and cc.rank_map is not None and cc._has_engine(eid):
-            rank = cc.ranks.by_engine(eid).rank
+            info_r = cc.ranks.by_engine(eid)
+            rank = info_r.rank
+            if lost:
+                died.append(f"rank {rank} on {info_r.host}" if len(cc.ranks.hosts) > 1
+                            else f"rank {rank}")
+        elif lost:
+            died.append(f"engine {eid}")
         text = "\n".join(tb) if isinstance(tb, list) else str(tb or "")
         found.append(failures.Failure(rank, eid, str(ename), str(evalue), text))
+    if died:
+        return EngineError(
+            f"{', '.join(died)} died or lost contact with the controller (its process or its "
+            "host is gone)",
+            f"{', '.join(died)} is gone: check that host (network, `course doctor --hosts`), "
+            "then run cu.restart() to replace the engines and rebuild the process group")
     return failures.describe(found)
 
 
@@ -655,10 +672,87 @@ def _new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
     return cl
 
 
+def _remote_profile_base(pdir: str) -> str:
+    """Where SSH hosts keep their copy of the profile: like ipyparallel, relative to the remote
+    home when the local profile is under this home (``.ipython/profile_course``)."""
+    home = os.path.expanduser("~").rstrip("/") + "/"
+    return pdir[len(home):] if pdir.startswith(home) else pdir
+
+
+def ssh_preflight(prof: ClusterProfile, timeout: float = 15.0) -> dict[str, str]:
+    """``ssh HOST true`` to every host of an SSH profile at once; host -> why it failed.
+
+    Empty when every host answers. Bounded by ``timeout`` (plus ssh's ConnectTimeout), so an
+    unreachable host costs seconds, not a hung start. Used by :func:`_start_engines` and by
+    ``course doctor --hosts``.
+    """
+    import subprocess
+
+    procs = {h.host: subprocess.Popen(prof.ssh_argv(h, "true"), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True)
+             for h in prof.hosts}
+    deadline = time.monotonic() + timeout
+    failed: dict[str, str] = {}
+    for host, p in procs.items():
+        try:
+            _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            failed[host] = f"no answer within {timeout:g} s"
+            continue
+        if p.returncode != 0:
+            lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+            failed[host] = lines[-1] if lines else f"ssh exited {p.returncode}"
+    return failed
+
+
+def _owner_only(cl: ipp.Cluster) -> None:
+    """The cluster file (pids, hosts, ports) readable by its owner only, like the connection
+    files the controller writes (0600): another user on a shared host learns nothing."""
+    path = getattr(cl, "cluster_file", "")
+    if path and os.path.exists(path):
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o600)
+
+
 def _start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
+    _owner_only(cl)
     threads = settings.threads_per_engine(prof.engines_per_host(n))
     env = prof.engine_env(n, threads)
-    cl.start_engines_sync(n, environment=env)
+    if prof.launcher != "ssh":
+        cl.start_engines_sync(n, environment=env)
+        return
+    # SSH: every host must answer before any engine starts (a clear error naming the host,
+    # instead of engines left running on the hosts that did answer).
+    failed = ssh_preflight(prof)
+    if failed:
+        raise EnginesDidNotStart(
+            "cannot reach " + "; ".join(f"host {h!r} over ssh ({why})"
+                                        for h, why in failed.items()),
+            "check that the host is up and its sshd runs, then `ssh "
+            f"{' '.join(prof.ssh_argv(next(iter(failed)), 'true')[1:-1])} true` works; "
+            "`course doctor --hosts PROFILE` checks every host",
+        )
+    # Set on every start, also on a cluster loaded from its file (a kernel that joined course
+    # lab's cluster and restarts it): per host its engine count, interpreter, remote profile
+    # folder and environment (with COURSE_NODE: which host), and the ssh/scp commands.
+    for key, value in prof.ssh_launcher_settings(
+            env, _remote_profile_base(cl.profile_dir)).items():
+        setattr(cl.config.SSHEngineSetLauncher, key, value)
+    from .ssh_launcher import CourseSSHEngineSetLauncher, HostStartError
+
+    cl.engine_launcher_class = CourseSSHEngineSetLauncher
+    try:
+        cl.start_engines_sync(prof.engine_count(n), environment=env)
+    except HostStartError as exc:
+        raise EnginesDidNotStart(
+            f"could not start engines on host {exc.host!r} over ssh: {exc.why}",
+            "check the host's python path in the profile (the course's venv, with ipyparallel, "
+            "at the same path on every host) and that the host can reach controller_ip; "
+            "`course doctor --hosts PROFILE` names the failing check",
+        ) from exc
 
 
 def _stop_engines(cl: ipp.Cluster, kill: bool = False) -> None:

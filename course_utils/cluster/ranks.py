@@ -26,6 +26,7 @@ class RankInfo:
     pid: int
     gpus: int
     master_addr: str
+    hostname: str = ""  # what the host calls itself (cloned hosts may share it)
 
     def as_env(self) -> dict[str, str]:
         """The variables torchrun would set, so code written here runs under torchrun unchanged."""
@@ -73,16 +74,36 @@ class RankMap:
 
     def table(self) -> str:
         """A fixed-width table for notebooks and ``course doctor``."""
-        head = f"{'rank':>4} {'engine':>6} {'host':<16} {'local':>5} {'gpus':>4} {'pid':>8}"
+        head = (f"{'rank':>4} {'engine':>6} {'host':<16} {'address':<15} {'node':>4} "
+                f"{'local':>5} {'gpus':>4} {'pid':>8}")
         rows = [
-            f"{r.rank:>4} {r.engine_id:>6} {r.host[:16]:<16} {r.local_rank:>5} "
-            f"{r.gpus:>4} {r.pid:>8}"
+            f"{r.rank:>4} {r.engine_id:>6} {r.host[:16]:<16} {r.addr[:15]:<15} {r.node_rank:>4} "
+            f"{r.local_rank:>5} {r.gpus:>4} {r.pid:>8}"
             for r in self.ranks
         ]
         return "\n".join([head, *rows])
 
     def to_dicts(self) -> list[dict[str, Any]]:
         return [asdict(r) for r in self.ranks]
+
+
+def host_key(description: Mapping[str, Any], local: bool = False) -> str:
+    """Which host an engine is on, for the rank map.
+
+    The profile's host entry when the launcher told the engine (``node``: SSH profiles set
+    ``$COURSE_NODE`` per host), else the host name, plus the address on multi-host profiles:
+    two cloned hosts (or network namespaces) share a host name but not an address.
+    """
+    node = description.get("node")
+    if node:
+        return str(node)
+    if local:
+        return str(description["host"])
+    return f"{description['host']}@{description['addr']}"
+
+
+def _is_loopback(addr: str) -> bool:
+    return addr.startswith("127.") or addr in ("::1", "localhost")
 
 
 def build_rank_map(
@@ -92,10 +113,13 @@ def build_rank_map(
 ) -> RankMap:
     """Assign ranks from engine self-descriptions.
 
-    ``descriptions`` maps engine id -> ``{"host", "addr", "pid", "gpus"}``. Hosts keep the order
+    ``descriptions`` maps engine id -> ``{"host", "addr", "pid", "gpus"}`` and, on SSH
+    profiles, ``"node"`` (the profile's host entry; see :func:`host_key`). Hosts keep the order
     given in ``host_order`` (the profile's order, so rank 0 lands on the first host), then any
-    others alphabetically; within a host, engines are ordered by engine id. With ``local=True``
-    every rank is on this machine and the master address is the loopback address.
+    others alphabetically; within a host, engines are ordered by engine id. ``node_rank`` is a
+    host's place in that order. With ``local=True`` every rank is on this machine and the
+    master address is the loopback address; otherwise it is rank 0's own address, which must
+    not be loopback when ranks sit on more than one host.
 
     Engines that are the tasks of one Slurm step (each reports ``"slurm"``, see
     :func:`slurm_rank_map`) keep Slurm's numbering instead.
@@ -104,23 +128,35 @@ def build_rank_map(
         raise ValueError("no engines to rank: the cluster has no registered engines")
     if slurm_step(descriptions):
         return slurm_rank_map(descriptions)
-    order = list(host_order or [])
-    seen = {d["host"] for d in descriptions.values()}
-    order = [h for h in order if h in seen] + sorted(seen - set(order))
+    keys = {e: host_key(d, local) for e, d in descriptions.items()}
+    given = list(host_order or [])
+
+    def place(eid: int) -> tuple[int, str]:
+        d = descriptions[eid]
+        names = (keys[eid], d.get("node"), d["host"], d.get("addr"))
+        return next((i for i, h in enumerate(given) if h in names), len(given)), keys[eid]
+
+    order = sorted({keys[e]: place(e) for e in descriptions}.items(), key=lambda kv: kv[1])
+    order = [k for k, _ in order]
     host_index = {h: i for i, h in enumerate(order)}
 
-    engines = sorted(descriptions, key=lambda e: (host_index[descriptions[e]["host"]], e))
+    engines = sorted(descriptions, key=lambda e: (host_index[keys[e]], e))
     per_host: dict[str, list[int]] = {}
     for eid in engines:
-        per_host.setdefault(descriptions[eid]["host"], []).append(eid)
+        per_host.setdefault(keys[eid], []).append(eid)
 
     first = descriptions[engines[0]]
     master_addr = "127.0.0.1" if local else str(first["addr"])
+    if not local and len(order) > 1 and _is_loopback(master_addr):
+        raise ValueError(
+            f"rank 0 ({order[0]}) reports the loopback address {master_addr}: the other hosts "
+            "could not reach it. Its route towards controller_ip goes over loopback: set "
+            "controller_ip to this machine's address on the link the hosts share")
     world = len(engines)
     infos = []
     for rank, eid in enumerate(engines):
         d = descriptions[eid]
-        peers = per_host[d["host"]]
+        peers = per_host[keys[eid]]
         infos.append(
             RankInfo(
                 engine_id=int(eid),
@@ -128,12 +164,13 @@ def build_rank_map(
                 world_size=world,
                 local_rank=peers.index(eid),
                 local_world_size=len(peers),
-                node_rank=host_index[d["host"]],
-                host=str(d["host"]),
+                node_rank=host_index[keys[eid]],
+                host=str(d.get("node") or d["host"]),
                 addr="127.0.0.1" if local else str(d["addr"]),
                 pid=int(d["pid"]),
                 gpus=int(d.get("gpus", 0)),
                 master_addr=master_addr,
+                hostname=str(d["host"]),
             )
         )
     return RankMap(ranks=tuple(infos), hosts=tuple(order))

@@ -211,8 +211,11 @@ def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, 
         torch.set_num_threads(threads)
     cuda = "nccl" in backend
     if cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        # An engine pinned to its GPU (CUDA_VISIBLE_DEVICES, cluster.engine.pin_gpu) sees it
+        # as device 0; an unpinned one sees every GPU of its host and uses its local rank's.
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     timeout = datetime.timedelta(seconds=timeout_s)

@@ -1,0 +1,254 @@
+"""From notebook to batch job: the ``torchrun`` line and a Slurm batch script, from a profile.
+
+Introduced in ``06_two_hosts``. The training code is unit 3's, packaged as
+``python -m course_utils.torch_dist.ddp_script``; what changes between a laptop, two SSH hosts
+and a Slurm cluster is only who starts the processes:
+
+* :func:`torchrun_args`: one ``torchrun`` per host (multi-node flags, c10d rendezvous);
+* :func:`make_sbatch_script`: an ``sbatch`` script whose ``srun`` starts that same ``torchrun``
+  once per node, with the interface, interpreter and node count taken from a cluster profile;
+* :func:`check_sbatch_script`: what can be checked without Slurm (``bash -n``, the ``#SBATCH``
+  lines, the ``srun ... torchrun ... -m course_utils.torch_dist.ddp_script`` line).
+
+Pure functions: nothing here imports torch or talks to a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .profiles import ClusterProfile, load_profile
+
+#: The module every launcher runs: unit 3's training as a script.
+SCRIPT_MODULE = "course_utils.torch_dist.ddp_script"
+#: Default TCP port of the c10d rendezvous store on the first node.
+RDZV_PORT = 29400
+
+
+def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
+                  rdzv_id: str = "course", torchrun: str = "torchrun",
+                  module: str = SCRIPT_MODULE, script_args: Sequence[str] = (),
+                  max_restarts: int = 0, local_addr: str | None = None,
+                  is_host: bool | None = None) -> list[str]:
+    """The ``torchrun`` argv that every node runs (the same line on each node).
+
+    ``rdzv_endpoint`` is ``host:port`` of the c10d store (on the first node); ``nnodes=1``
+    works too (a one-host run with the same flags). ``local_addr``: this node's address on the
+    shared link; without it torchrun advertises the node's host name, which the other nodes
+    must resolve to that address (cloned hosts sharing a name resolve it to themselves).
+    ``is_host``: whether this node runs the c10d store. torchrun decides it by comparing the
+    endpoint with the node's host name and addresses; hosts that share a host name, or an
+    endpoint given as an address the name does not resolve to, need it said explicitly.
+    """
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ValueError(f"nnodes={nnodes} and nproc_per_node={nproc_per_node} must be >= 1")
+    if ":" not in rdzv_endpoint:
+        raise ValueError(f"rdzv_endpoint {rdzv_endpoint!r} must be host:port")
+    return [
+        torchrun, f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}",
+        f"--max-restarts={max_restarts}",
+        *([f"--local-addr={local_addr}"] if local_addr else []),
+        *([f"--rdzv-conf=is_host={int(is_host)}"] if is_host is not None else []),
+        "-m", module, *script_args,
+    ]
+
+
+def _venv_tool(python: str, tool: str) -> str:
+    """``tool`` next to ``python`` (a venv's bin/), else the bare name (found on PATH)."""
+    p = Path(python)
+    return str(p.parent / tool) if p.is_absolute() else tool
+
+
+def make_sbatch_script(
+    profile: ClusterProfile | str | None = None,
+    *,
+    nodes: int | None = None,
+    nproc_per_node: int | None = None,
+    gpus_per_node: int | None = None,
+    cpus_per_task: int | None = None,
+    job_name: str = "course-ddp",
+    time_limit: str | None = None,
+    partition: str | None = None,
+    account: str | None = None,
+    python: str | None = None,
+    rdzv_port: int = RDZV_PORT,
+    rdzv_host: str | None = None,
+    script_args: Sequence[str] = ("--steps", "20"),
+    output: str = "course-ddp-%j.out",
+    workdir: str | None = None,
+    extra_sbatch: Sequence[str] = (),
+) -> str:
+    """A Slurm batch script that runs unit 3's training with ``srun`` + ``torchrun``.
+
+    Defaults come from ``profile`` (a :class:`ClusterProfile`, a profile name or path, or the
+    local profile): nodes = its hosts (a slurm profile: ``[slurm] nodes``), processes per node =
+    its engines per host (a slurm profile: engines / nodes), the engine interpreter (its
+    ``torchrun`` is the one next to it), ``socket_ifname`` exported as
+    ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``, its ``env`` table, and a slurm profile's
+    ``partition``, ``account``, ``qos``, ``time``, ``options`` and per-engine CPUs/GPUs (times
+    the processes per node). Keyword arguments override them. One ``srun`` task per node
+    starts one ``torchrun``, which starts ``nproc_per_node`` training processes; the c10d
+    rendezvous store listens on the first node of the allocation (``rdzv_host`` overrides it).
+    """
+    prof = load_profile(profile) if not isinstance(profile, ClusterProfile) else profile
+    spec = prof.slurm
+    if nodes is None:
+        nodes = len(prof.hosts) if prof.hosts else (spec.nodes if spec and spec.nodes else 1)
+    if nproc_per_node is not None:
+        nproc = nproc_per_node
+    elif prof.hosts:
+        nproc = max(h.engines for h in prof.hosts)
+    elif prof.launcher == "slurm" and prof.engines and isinstance(nodes, int) and nodes > 0:
+        nproc = -(-prof.engines // nodes)
+    else:
+        nproc = prof.engines or 2
+    python = python or next((h.python for h in prof.hosts if h.python), None) \
+        or prof.engine_python or sys.executable
+    if gpus_per_node is not None:
+        gpus = gpus_per_node
+    else:
+        gpus = spec.gpus_per_engine * nproc if spec and spec.gpus_per_engine else None
+    cpus = cpus_per_task or (spec.cpus_per_engine * nproc if spec and spec.cpus_per_engine
+                             else None)
+    time_limit = time_limit or (spec.time if spec else None) or "00:15:00"
+    partition = partition or (spec.partition if spec else None)
+    account = account or (spec.account if spec else None)
+    if spec and spec.qos:
+        extra_sbatch = [f"--qos={spec.qos}", *extra_sbatch]
+    if spec and spec.options:
+        extra_sbatch = [*extra_sbatch, *spec.options]
+    for name, value in (("nodes", nodes), ("nproc_per_node", nproc)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if not re.fullmatch(r"[\w.+-]+", job_name):
+        raise ValueError(f"job_name {job_name!r}: use letters, digits, . _ + -")
+
+    sb = [f"--job-name={job_name}", f"--nodes={nodes}", "--ntasks-per-node=1",
+          f"--time={time_limit}", f"--output={output}"]
+    if cpus:
+        sb.append(f"--cpus-per-task={int(cpus)}")
+    if gpus:
+        sb.append(f"--gpus-per-node={int(gpus)}")
+    if partition:
+        sb.append(f"--partition={partition}")
+    if account:
+        sb.append(f"--account={account}")
+    if workdir:
+        sb.append(f"--chdir={workdir}")
+    sb += list(extra_sbatch)
+
+    env = dict(prof.env)
+    if prof.socket_ifname:
+        env.setdefault("GLOO_SOCKET_IFNAME", prof.socket_ifname)
+        env.setdefault("NCCL_SOCKET_IFNAME", prof.socket_ifname)
+    threads = max(1, int(cpus) // nproc) if cpus else 1
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    env.setdefault("COURSE_THREADS", str(threads))
+
+    torchrun = _venv_tool(python, "torchrun")
+    endpoint = f"{rdzv_host or '$HEAD_NODE'}:{int(rdzv_port)}"
+    run = torchrun_args(nodes, nproc, endpoint, rdzv_id="$SLURM_JOB_ID", torchrun=torchrun,
+                        script_args=script_args)
+    # $VARIABLES must expand in the script: quote everything else.
+    run_line = " ".join(a if "$" in a else shlex.quote(a) for a in run)
+    run_line = run_line.replace("=$HEAD_NODE", '="$HEAD_NODE"').replace(
+        "=$SLURM_JOB_ID", '="$SLURM_JOB_ID"')
+    lines = ["#!/bin/bash",
+             f"# Unit 3's DDP training on {nodes} node(s) x {nproc} process(es), made by",
+             f"# course_utils.cluster.slurm_script from profile {prof.name!r}. Submit: sbatch FILE",
+             *(f"#SBATCH {s}" for s in sb),
+             "",
+             "set -euo pipefail",
+             *(f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())),
+             "# The c10d rendezvous store listens on the first node of the allocation.",
+             'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+             'echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES node(s), rendezvous on '
+             f'$HEAD_NODE:{int(rdzv_port)}"',
+             "# One task per node; each runs one torchrun, which starts the training processes.",
+             f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {run_line}",
+             ""]
+    return "\n".join(lines)
+
+
+@dataclass
+class ScriptCheck:
+    """What :func:`check_sbatch_script` found: errors (empty when fine) and the parsed parts."""
+
+    errors: list[str] = field(default_factory=list)
+    sbatch: dict[str, str] = field(default_factory=dict)
+    srun_line: str = ""
+    torchrun: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def check_sbatch_script(text: str, bash: str | None = None,
+                        expect: Mapping[str, str] | None = None) -> ScriptCheck:
+    """Check a batch script without Slurm: ``bash -n`` syntax, ``#SBATCH`` options, and one
+    ``srun ... torchrun ... -m course_utils.torch_dist.ddp_script`` line with c10d flags.
+
+    ``expect`` maps ``#SBATCH`` option names (``"nodes"``) or torchrun flags (``"--nnodes"``)
+    to the values they must have.
+    """
+    res = ScriptCheck()
+    bash = bash or shutil.which("bash") or "/bin/bash"
+    cp = subprocess.run([bash, "-n"], input=text, capture_output=True, text=True, timeout=10)
+    if cp.returncode != 0:
+        res.errors.append(f"bash -n: {cp.stderr.strip()}")
+    if not text.startswith("#!"):
+        res.errors.append("no #! line")
+    for line in text.splitlines():
+        m = re.match(r"#SBATCH\s+--([\w-]+)(?:=(\S+))?", line)
+        if m:
+            res.sbatch[m.group(1)] = m.group(2) or ""
+    sruns = [ln for ln in text.splitlines() if ln.strip().startswith("srun ")]
+    if len(sruns) != 1:
+        res.errors.append(f"expected one srun line, found {len(sruns)}")
+        return res
+    res.srun_line = sruns[0].strip()
+    argv = shlex.split(res.srun_line.replace('"', ""))
+    tr = next((i for i, a in enumerate(argv) if os.path.basename(a) == "torchrun"), None)
+    if tr is None:
+        res.errors.append("the srun line runs no torchrun")
+        return res
+    for a in argv[tr + 1:]:
+        if a.startswith("--") and "=" in a:
+            k, v = a.split("=", 1)
+            res.torchrun[k] = v
+    if argv[tr + 1:].count("-m") != 1 or SCRIPT_MODULE not in argv:
+        res.errors.append(f"torchrun does not run -m {SCRIPT_MODULE}")
+    for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint",
+                 "--rdzv-id"):
+        if flag not in res.torchrun:
+            res.errors.append(f"torchrun lacks {flag}")
+    if res.torchrun.get("--rdzv-backend", "c10d") != "c10d":
+        res.errors.append("use --rdzv-backend=c10d")
+    if res.sbatch.get("nodes") and res.torchrun.get("--nnodes") != res.sbatch["nodes"]:
+        res.errors.append(f"torchrun --nnodes={res.torchrun.get('--nnodes')} but "
+                          f"#SBATCH --nodes={res.sbatch['nodes']}")
+    if res.sbatch.get("ntasks-per-node", "1") != "1":
+        res.errors.append("use one srun task per node: torchrun starts the processes")
+    for key, want in (expect or {}).items():
+        got = res.torchrun.get(key) if key.startswith("--") else res.sbatch.get(key)
+        if got != want:
+            res.errors.append(f"{key}: {got!r}, expected {want!r}")
+    return res
+
+
+def write_sbatch_script(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` (executable) and return the path."""
+    p = Path(path)
+    p.write_text(text)
+    p.chmod(0o755)
+    return p

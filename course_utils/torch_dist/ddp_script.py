@@ -1,0 +1,188 @@
+"""Unit 3's DDP training as a script: what ``torchrun`` and a Slurm job run (unit 6).
+
+The same model (:func:`course_utils.torch_dist.train.seed_cnn`), the same sampler, optimizer and
+metrics as ``03_pytorch_ddp``, on the offline digits at 3x32x32 (:func:`course_utils.data.
+digits_as_cifar`), so it runs without network on any machine. ``torchrun`` sets ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; the script
+reads them through ``init_process_group("env://")``. One host, two processes::
+
+    torchrun --standalone --nproc-per-node=2 -m course_utils.torch_dist.ddp_script --steps 20
+
+Two hosts (run the same line on each; ``hostA`` is where the c10d rendezvous store listens)::
+
+    torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d \\
+        --rdzv-endpoint=hostA:29400 --rdzv-id=job1 -m course_utils.torch_dist.ddp_script
+
+Every rank prints one JSON line last: its rank, host, the final loss and a checksum of its
+weights (equal on every rank when DDP kept the replicas in sync).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+#: Environment variables a launcher (torchrun, srun + torchrun) must set.
+REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m course_utils.torch_dist.ddp_script",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=10, help="optimizer steps (default 10)")
+    p.add_argument("--batch", type=int, default=32, help="per-rank batch size (default 32)")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0, help="model init and sampler seed")
+    p.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+                   help="auto: nccl when this rank has its own GPU, else gloo")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a collective (and the rendezvous) may wait (default 60)")
+    p.add_argument("--checkpoint", default="",
+                   help="if set, rank 0 saves the final model here (a path every host sees)")
+    return p.parse_args(argv)
+
+
+def missing_env(env: dict[str, str] | None = None) -> list[str]:
+    """The launcher variables that are not set (empty when torchrun started us)."""
+    env = dict(os.environ) if env is None else env
+    return [k for k in REQUIRED_ENV if not env.get(k)]
+
+
+def weights_checksum(flat: Any) -> str:
+    """A short hex digest of a flat float64 weight tensor: equal digests, equal weights."""
+    import numpy as np
+
+    arr = np.ascontiguousarray(flat.detach().cpu().numpy() if hasattr(flat, "detach") else flat,
+                               dtype=np.float64)
+    return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
+
+
+def pick_backend(requested: str, local_rank: int) -> str:
+    """``auto`` -> nccl when CUDA shows a GPU for this local rank, gloo otherwise."""
+    if requested != "auto":
+        return requested
+    import torch
+
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank \
+        else "gloo"
+
+
+def train_steps(steps: int, batch: int = 32, lr: float = 0.05, seed: int = 0,
+                device: Any = None) -> dict[str, Any]:
+    """*Collective.* Unit 3's DDP loop for ``steps`` steps in the current process group.
+
+    The model is :func:`course_utils.torch_dist.train.seed_cnn` (``seed``) wrapped in DDP, the
+    data the offline digits at 3x32x32 sharded by ``DistributedSampler`` (``set_epoch`` every
+    epoch), SGD with momentum 0.9. Returns the last reduced metrics, the replica spread and a
+    checksum of this rank's weights (equal on every rank when DDP kept the replicas equal).
+    Runs in a script under torchrun (:func:`train`) and on the engines (unit 6).
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    from course_utils import data
+    from course_utils.torch_dist import train as tr
+
+    device = device or torch.device("cpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    raw = data.digits_as_cifar(train=True)
+    x = (torch.from_numpy(raw.x) - 0.5) / 0.5
+    y = torch.from_numpy(raw.y)
+    dataset = TensorDataset(x, y)
+    model = DDP(tr.seed_cnn(seed=seed).to(device),
+                device_ids=[device.index] if device.type == "cuda" else None)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
+                                 seed=seed, drop_last=True)
+    loader = DataLoader(dataset, batch_size=batch, sampler=sampler)
+    step, epoch, metrics = 0, 0, {"loss": float("nan"), "accuracy": float("nan")}
+    t0 = time.perf_counter()
+    while step < steps:
+        sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            xb, yb = xb.to(device), yb.to(device)
+            opt.zero_grad()
+            out = model(xb)
+            loss = F.cross_entropy(out, yb)
+            loss.backward()  # DDP all-reduces the gradient buckets here
+            opt.step()
+            metrics = tr.reduce_metrics(loss.item() * len(yb), int((out.argmax(1) == yb).sum()),
+                                        len(yb))
+            step += 1
+            if step >= steps:
+                break
+        epoch += 1
+    train_s = time.perf_counter() - t0
+    return {
+        "rank": rank, "world_size": world, "host": socket.gethostname(), "data": raw.name,
+        "steps": step, "loss": metrics["loss"], "accuracy": metrics["accuracy"],
+        "checksum": weights_checksum(tr.flat_params(model.module)),
+        "replica_spread": tr.replica_spread(model.module), "train_s": round(train_s, 3),
+        "model": model,
+    }
+
+
+def train(args: argparse.Namespace) -> dict[str, Any]:
+    """Join the process group torchrun prepared, train ``args.steps`` steps, return a summary."""
+    import torch
+    import torch.distributed as dist
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    threads = int(os.environ.get("COURSE_THREADS", "0") or 0)
+    if threads:
+        torch.set_num_threads(threads)
+    backend = pick_backend(args.backend, local_rank)
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    t0 = time.perf_counter()
+    dist.init_process_group(backend, init_method="env://",
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    joined = time.perf_counter() - t0
+    try:
+        res = train_steps(args.steps, args.batch, args.lr, args.seed, device)
+        model = res.pop("model")
+        if args.checkpoint and res["rank"] == 0:
+            tmp = args.checkpoint + ".tmp"
+            torch.save({"model": model.module.state_dict(), "steps": res["steps"]}, tmp)
+            os.replace(tmp, args.checkpoint)
+        dist.barrier()
+        return {
+            **res, "local_rank": local_rank,
+            "node_rank": int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", "0"))),
+            "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+            "backend": backend, "join_s": round(joined, 3),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    missing = missing_env()
+    if missing:
+        print(f"ddp_script: {', '.join(missing)} not set: start this script with torchrun, e.g.\n"
+              "  torchrun --standalone --nproc-per-node=2 -m course_utils.torch_dist.ddp_script",
+              file=sys.stderr)
+        return 2
+    result = train(args)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
