@@ -160,12 +160,25 @@ def _error(ename: str, evalue: str) -> NotebookNode:
                         traceback=[f"\x1b[0;31m{ename}\x1b[0m: {evalue}"])
 
 
+def _path_has_this_environment() -> None:
+    """nbgrader creates its gradebook by running the ``alembic`` command: find it in this
+    environment's ``bin`` even when the environment is not activated (``.venv/bin/course``)."""
+    import os
+    import sys
+
+    here = os.path.dirname(sys.executable)
+    parts = os.environ.get("PATH", "").split(os.pathsep)
+    if here not in parts:
+        os.environ["PATH"] = os.pathsep.join([here, *parts])
+
+
 def _default(cls: type, trait: str) -> list:
     return list(cls.class_traits()[trait].default())
 
 
 def configure(c: Any, root: str, cell_timeout: int = 300, notebook_timeout: int = 1200) -> None:
     """Set up nbgrader config ``c`` for the course folder ``root`` (see the module doc)."""
+    _path_has_this_environment()
     from pathlib import Path
 
     from nbconvert.preprocessors import ClearMetadataPreprocessor
