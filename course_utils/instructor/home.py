@@ -31,7 +31,9 @@ from .kernelspec import set_kernelspec
 HOME_NAME = "START_HERE.ipynb"
 CLUSTER_FACTS = Path(".course") / "cluster.json"
 
-_TIME_RE = re.compile(r"\*\*Time:\*\*\s*(?:about\s+)?(\d+)\s*min", re.I)
+# "about 75 minutes", "90–120 minutes" (the upper end counts), "about 2 hours"
+_TIME_RE = re.compile(r"\*\*Time:\*\*\s*(?:about\s+)?(\d+)(?:\s*[–-]\s*(\d+))?\s*(min|hour|h\b)",
+                      re.I)
 _PREREQ_RE = re.compile(r"\*\*Prerequisites:\*\*\s*(.+?)\s*$", re.M)
 _OBJ_START_RE = re.compile(r"By the end of this notebook you can", re.I)
 _ITEM_RE = re.compile(r"^\s*\d+\.\s+(.*)$")
@@ -77,7 +79,8 @@ def unit_info(nb: NotebookNode, file: str) -> UnitInfo:
     minutes = meta.get("minutes")
     if minutes is None:
         m = _TIME_RE.search(intro)
-        minutes = int(m.group(1)) if m else None
+        if m:
+            minutes = int(m.group(2) or m.group(1)) * (1 if m.group(3).lower() == "min" else 60)
     objectives = list(meta.get("objectives") or _objectives(intro))
     prereq = meta.get("prerequisites")
     if prereq is None:
