@@ -87,7 +87,9 @@ def test_cuda_visible_devices_per_local_rank():
 
 def test_pin_gpu_sets_the_variable_once_and_keeps_the_host_count(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4")
-    monkeypatch.delenv(engine.ENV_ALL_GPUS, raising=False)
+    # pin_gpu writes os.environ itself: an empty value recorded here is what monkeypatch undoes
+    # to (absent), so nothing leaks into later tests, kernels or engines.
+    monkeypatch.setenv(engine.ENV_ALL_GPUS, "")
     monkeypatch.setattr(engine, "_cuda_touched", lambda: False)
     assert engine.pin_gpu(1, 2) == "4"
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4" and engine._gpu_count() == 2

@@ -213,6 +213,11 @@ def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, 
     if cuda:
         # An engine pinned to its GPU (CUDA_VISIBLE_DEVICES, cluster.engine.pin_gpu) sees it
         # as device 0; an unpinned one sees every GPU of its host and uses its local rank's.
+        if torch.cuda.device_count() == 0:
+            raise BackendUnavailable(
+                f"rank {rank} was given NCCL but torch sees no CUDA device here "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
+                "use cu.init_torch(backend='gloo'), or check the host's GPUs with `nvidia-smi`")
         index = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
