@@ -637,10 +637,19 @@ def _engine_error(exc: Exception, cc: CourseCluster) -> CourseError:
             died.append(f"engine {eid}")
         text = "\n".join(tb) if isinstance(tb, list) else str(tb or "")
         found.append(failures.Failure(rank, eid, str(ename), str(evalue), text))
-    if died:
+    if died:  # one line per rank, with its host: which ranks are gone and what the rest saw
+        lines = []
+        for f in found:
+            where = f"engine {f.engine_id}"
+            if f.rank is not None:
+                host = cc.ranks[f.rank].host
+                where = f"rank {f.rank} on {host}" if len(cc.ranks.hosts) > 1 else f"rank {f.rank}"
+            lost = f.ename == "EngineError" and re.match(r"Engine (\d+) died", f.evalue)
+            evalue = ("died or lost contact with the controller (its process or its host is gone)"
+                      if lost else f.evalue.splitlines()[0][:300] if f.evalue else "")
+            lines.append(f"[{where}] {f.ename}: {evalue}")
         return EngineError(
-            f"{', '.join(died)} died or lost contact with the controller (its process or its "
-            "host is gone)",
+            "code failed on the engines:\n  " + "\n  ".join(lines),
             f"{', '.join(died)} is gone: check that host (network, `course doctor --hosts`), "
             "then run cu.restart() to replace the engines and rebuild the process group")
     return failures.describe(found)
@@ -1062,7 +1071,10 @@ def _write_course_file(cc: CourseCluster, rank_map: RankMap | None) -> None:
         data["hosts"] = list(rank_map.hosts)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     with contextlib.suppress(OSError):
-        tmp.write_text(json.dumps(data))
+        # Owner-only, like ipyparallel's connection files next to it.
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(data))
         os.replace(tmp, path)
 
 
