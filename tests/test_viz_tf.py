@@ -34,6 +34,7 @@ def runs():
 
     cc = cu.start(n=2, cluster_id=CID)
     try:
+        cc.view.execute("import torch", block=True)  # torch before TF, as unit 4 does
         tf_dist.start_servers(cc, num_ps=2)
         cc.view.execute(px_cells(NOTEBOOKS / "04_tf_classic_ps.ipynb", "train"), block=False
                         ).get(timeout=180)

@@ -320,6 +320,9 @@ def _tf_part(gal: Gallery, cc: Any) -> None:
     from ..viz import ps as pt
 
     nb04 = NOTEBOOKS / "04_tf_classic_ps.ipynb"
+    # Unit 4's cells import torch for its bridge; as in the notebook, torch must load before
+    # TensorFlow does on an engine (course_utils.compat), so the servers come after it.
+    cc.view.execute("import torch", block=True)
     tf_dist.start_servers(cc, num_ps=2)
     runs: dict[str, Any] = {}
     steps = 60
