@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,7 +81,7 @@ def test_no_solution_or_hidden_test_survives(course, path):
         if m.get("locked") or m.get("grade"):
             assert m.get("checksum"), f"{m['grade_id']} has no nbgrader checksum"
         if m.get("solution") and cell.cell_type == "code":
-            assert "raise NotImplementedError('" in cell.source, cell.source
+            assert re.search(r"raise NotImplementedError\(['\"]\w", cell.source), cell.source
             assert "replace this line with your code" in cell.source
         elif m.get("solution"):  # a written answer, graded by hand
             assert cell.source.strip() == "YOUR ANSWER HERE", cell.source
