@@ -15,7 +15,7 @@ PLANS = {
     "03_pytorch_ddp.ipynb": "BBT",
     "04_tf_classic_ps.ipynb": "BTBT",
     "05_tf2_parameter_server_strategy.ipynb": "BTBT",
-    "06_two_hosts.ipynb": "STST",  # a whole second pass failed in the merged suite: see the note
+    "06_two_hosts.ipynb": "BTBT",
     "07_performance.ipynb": "BTBT",
     # Their bodies take minutes (an elastic torchrun drill, two capstone trainings) and run in
     # nbval and on the release already: here set-up and teardown are re-run around one another.

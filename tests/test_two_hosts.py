@@ -180,6 +180,23 @@ def test_torchrun_args_and_the_script_outside_torchrun(monkeypatch, capsys):
                                                      "MASTER_PORT"]
 
 
+def test_ranks_sharing_one_stdout_never_interleave_their_json_lines():
+    """Unit 6's torchrun cell parses one JSON line per rank from a shared pipe; with
+    ``print`` under ``python -u`` two ranks produced ``{...}{...}`` on one line."""
+    code = ("import sys; from course_utils.torch_dist.ddp_script import emit\n"
+            "for i in range(300): emit({'rank': int(sys.argv[1]), 'i': i, 'pad': 'x' * 250})")
+    r, w = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-u", "-c", code, str(k)], stdout=w,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}) for k in range(4)]
+    os.close(w)
+    with os.fdopen(r) as f:
+        lines = f.read().splitlines()
+    assert [p.wait(timeout=60) for p in procs] == [0] * 4
+    got = [json.loads(ln) for ln in lines]  # raises on an interleaved line
+    want = [(k, i) for k in range(4) for i in range(300)]
+    assert sorted((g["rank"], g["i"]) for g in got) == want
+
+
 def test_launcher_kill_script_terms_waits_then_kills(tmp_path):
     from course_utils.cluster.lifecycle import _remote_profile_base
     from course_utils.cluster.ssh_launcher import CourseSSHEngineSetLauncher as L

@@ -14,7 +14,8 @@ Two hosts (run the same line on each; ``hostA`` is where the c10d rendezvous sto
         --rdzv-endpoint=hostA:29400 --rdzv-id=job1 -m course_utils.torch_dist.ddp_script
 
 Every rank prints one JSON line last: its rank, host, the final loss and a checksum of its
-weights (equal on every rank when DDP kept the replicas in sync).
+weights (equal on every rank when DDP kept the replicas in sync). The ranks of a host share one
+stdout, so each line goes out in a single ``write`` (:func:`emit`) and never interleaves.
 """
 
 from __future__ import annotations
@@ -179,9 +180,19 @@ def main(argv: Sequence[str] | None = None) -> int:
               "  torchrun --standalone --nproc-per-node=2 -m course_utils.torch_dist.ddp_script",
               file=sys.stderr)
         return 2
-    result = train(args)
-    print(json.dumps(result), flush=True)
+    emit(train(args))
     return 0
+
+
+def emit(result: dict[str, Any], fd: int | None = None) -> None:
+    """Write ``result`` as one JSON line with a single ``os.write``.
+
+    ``print`` may write the text and its newline separately (always, when Python runs
+    unbuffered), so two ranks sharing a pipe can produce ``{...}{...}`` on one line. A single
+    write of less than ``PIPE_BUF`` (4096) bytes to a pipe is atomic, and our line is ~300.
+    """
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno() if fd is None else fd, (json.dumps(result) + "\n").encode())
 
 
 if __name__ == "__main__":
