@@ -1,12 +1,16 @@
-"""Shared test set-up: isolate the test clusters from a learner's running ``course lab``."""
+"""Shared test set-up: isolate the test clusters from a learner's running ``course lab``, and
+share the work between ``pytest-xdist`` workers (``make test`` runs two)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 
+# Under xdist every worker gets its own cluster id, so each has its own engines.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 # Notebook kernels (nbval) inherit this environment, so they use the test cluster id, too.
-os.environ.setdefault("COURSE_CLUSTER_ID", "pytest")
+os.environ.setdefault("COURSE_CLUSTER_ID", f"pytest-{_WORKER}" if _WORKER else "pytest")
 os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -14,10 +18,64 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("COURSE_WORKDIR", os.path.join(
     tempfile.gettempdir(), f"course-workdir-{os.environ['COURSE_CLUSTER_ID']}"))
 
+#: Files whose tests must run in one worker together: they share a rig (network namespaces,
+#: Slurm daemons, Chromium) or module fixtures across files.
+SHARED = {
+    "test_two_hosts.py": "rig-twohosts", "test_rig_twohosts.py": "rig-twohosts",
+    "test_slurm.py": "rig-slurm", "test_rig_slurm.py": "rig-slurm",
+    "test_lab_browser.py": "rig-browser", "test_rig_browser.py": "rig-browser",
+}
+#: Files whose tests are independent of one another (each starts its own kernel or process):
+#: xdist may hand them out one by one.
+SPREAD = {"test_rerun.py", "test_instructor_release.py", "test_mistakes.py"}
+#: Started first, so the longest groups do not end up last on one worker.
+FIRST = ("test_instructor_grade.py", "rig-twohosts", "test_viz_gallery.py", "test_rerun.py",
+         "rig-slurm", "rig-browser")
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit of work one xdist worker runs in order: a file (a notebook's cells share a
+    kernel, a module's fixtures its set-up), a rig shared by several files, or a single test."""
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    if name in SPREAD:
+        return nodeid
+    return SHARED.get(name, nodeid.split("::", 1)[0])
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under xdist, the longest groups first (a stable sort keeps each file's order)."""
+    if not _WORKER:
+        return
+
+    def rank(item) -> int:
+        name = item.path.name
+        group = name if name in SPREAD else SHARED.get(name, name)
+        return FIRST.index(group) if group in FIRST else len(FIRST)
+
+    items.sort(key=rank)
+
+
+try:
+    from xdist.scheduler import LoadScopeScheduling
+except ImportError:  # xdist missing: the suite runs in one process
+    LoadScopeScheduling = None
+else:
+    class CourseScheduling(LoadScopeScheduling):
+        """``--dist loadscope`` with the course's scopes (:func:`scope_of`)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    def pytest_xdist_make_scheduler(config, log):
+        return CourseScheduling(config, log)
+
 
 def pytest_sessionstart(session) -> None:
     # The course's Jupyter kernel, as `course lab` / `make lab` install it: `course doctor`
-    # checks it. Idempotent (nbval runs notebooks with --nbval-current-env, not through it).
+    # checks it. Idempotent (nbval runs notebooks with --nbval-current-env, not through it);
+    # locked, because xdist workers start together.
     from course_utils.instructor import kernelspec
 
-    kernelspec.install()
+    with open(os.path.join(tempfile.gettempdir(), "course-kernelspec.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kernelspec.install()
