@@ -475,6 +475,22 @@ def finished_job(rig: SlurmRig, job: int, out: Path, timeout: float) -> dict[str
     return fields
 
 
+def test_a_batch_job_that_fails_or_overstays_is_reported_with_its_output(on_rig, tmp_path):
+    rig = on_rig
+    script = write_sbatch_script(tmp_path / "bad.sbatch", "#!/bin/bash\n#SBATCH --output=bad-%j.out"
+                                 "\necho 'ddp_script: boom'\nexit 3\n")
+    job = int(rig.run(["sbatch", "--parsable", str(script)], cwd=tmp_path).stdout)
+    with pytest.raises(pytest.fail.Exception) as err:
+        finished_job(rig, job, tmp_path / f"bad-{job}.out", timeout=30)
+    print(f"\n{str(err.value).split(chr(10) + '--- ')[0]}")
+    assert f"Slurm job {job} is FAILED (reason NonZeroExitCode, exit code 3:0)" in str(err.value)
+    assert "ddp_script: boom" in str(err.value)
+    slow = int(rig.run(["sbatch", "--parsable", "--wrap", "sleep 60"], cwd=tmp_path).stdout)
+    with pytest.raises(pytest.fail.Exception, match=f"job {slow} is (PENDING|RUNNING)"):
+        finished_job(rig, slow, tmp_path / "none.out", timeout=1)
+    assert rig.wait_job(slow, timeout=15) == "CANCELLED"  # not left running
+
+
 def test_unit6_batch_script_runs_under_sbatch_and_every_rank_ends_equal(on_rig, tmp_path):
     """The script unit 6 prints, made the same way from the course's Slurm profile, submitted
     with ``sbatch``: srun -> the venv's torchrun -> 2 gloo ranks of unit 3's training."""
