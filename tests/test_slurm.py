@@ -520,7 +520,9 @@ def test_unit6_batch_script_runs_under_sbatch_and_every_rank_ends_equal(on_rig, 
         "course-ddp", rig.partition, "course")
     assert (fields["NumNodes"], fields["NumCPUs"], fields["NodeList"]) == ("1", "2", rig.node)
     log = out.read_text()
-    print(f"\njob {job}: {fields['JobState']} in {took:.1f} s (sbatch to end)\n{log}")
+    print(f"\njob {job} in {took:.1f} s (sbatch to end): " + " ".join(
+        f"{k}={fields.get(k)}" for k in ("JobState", "Reason", "ExitCode", "RunTime", "NodeList",
+                                         "NumNodes", "NumCPUs", "StdOut")) + f"\n{log}")
 
     # What Slurm gave the job (the script's first line) sets the ranks and the world size.
     head = re.search(r"^job (\d+): (\d+) node\(s\) \((\S+)\) x (\d+) process\(es\), "
