@@ -1,4 +1,5 @@
-"""Engines as a Slurm job (course_utils/cluster/slurm.py) and ``course doctor --profile``.
+"""Engines as a Slurm job (course_utils/cluster/slurm.py), ``course doctor --profile`` and
+unit 6's batch script (course_utils/cluster/slurm_script.py) submitted with ``sbatch``.
 
 The first half needs no Slurm (profile parsing, batch script, Slurm's words, rank map); the
 second half runs on the one-node rig of tests/rigs/slurm.py (skipped with the install command
@@ -7,8 +8,15 @@ where it cannot be built, run in CI).
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import os
+import re
+import socket
+import subprocess
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -18,8 +26,19 @@ from rigs.slurm import SlurmRig, wait_until
 import course_utils as cu
 from course_utils import cli
 from course_utils.cluster import engine, lifecycle, slurm
-from course_utils.cluster.profiles import SlurmSpec, load_profile, profile_from_dict
+from course_utils.cluster.profiles import (
+    ClusterProfile,
+    SlurmSpec,
+    load_profile,
+    profile_from_dict,
+)
 from course_utils.cluster.ranks import build_rank_map, slurm_step
+from course_utils.cluster.slurm_script import (
+    RDZV_PORT,
+    check_sbatch_script,
+    make_sbatch_script,
+    write_sbatch_script,
+)
 from course_utils.errors import CourseError, EnginesDidNotStart, ProfileError
 from course_utils.instructor import doctor_slurm
 
@@ -110,6 +129,20 @@ def test_launcher_writes_its_batch_script_into_the_profile_dir(tmp_path, monkeyp
     assert "#SBATCH --job-name=ipengine-c1" in text and "ipyparallel.engine" in text
     assert f"#SBATCH --output={pdir}/log/" in text
     assert list(tmp_path.iterdir()) == [pdir]  # nothing in the current directory
+
+
+def test_batch_script_picks_its_rendezvous_port_on_the_node_unless_given(tmp_path):
+    text = make_sbatch_script(rig_ddp_profile(), script_args=["--steps", "1"])
+    res = check_sbatch_script(text, expect={"--rdzv-endpoint": "$HEAD_NODE:$RDZV_PORT"})
+    assert res.ok, res.errors
+    (pick,) = [ln for ln in text.splitlines() if ln.startswith("RDZV_PORT=")]
+    port = int(subprocess.run(["bash", "-c", f"set -eu; {pick}; echo $RDZV_PORT"],
+                              capture_output=True, text=True, timeout=30, check=True).stdout)
+    with socket.socket() as sock:  # free when the script looked
+        sock.bind(("", port))
+    fixed = make_sbatch_script(rig_ddp_profile(), rdzv_port=29555)
+    assert "RDZV_PORT=29555" in fixed.splitlines()
+    assert check_sbatch_script(fixed, expect={"--rdzv-endpoint": "$HEAD_NODE:29555"}).ok
 
 
 # ---- Slurm's words ---------------------------------------------------------------------------
@@ -408,6 +441,108 @@ def test_cluster_files_name_the_launcher_so_course_stop_can_cancel_the_job(tmp_p
     name = cl.to_dict()["engines"]["class"]
     assert name == "course_utils.cluster.slurm.SlurmEngines"
     assert ipp.Cluster(engines=name).engine_launcher_class is slurm.SlurmEngines
+
+
+# ---- unit 6's batch script, submitted for real ------------------------------------------------
+def rig_ddp_profile(partition: str = "debug") -> ClusterProfile:
+    """profiles/slurm.toml as shipped, changed only where the one-node rig differs: its
+    partition, one node, 2 processes of 1 CPU and no GPU, loopback as the interface."""
+    data = tomllib.loads((Path(__file__).parents[1] / "profiles" / "slurm.toml").read_text())
+    data.update(controller_ip="127.0.0.1", socket_ifname="lo", engines=2)
+    data["slurm"].update(partition=partition, nodes=1, cpus_per_engine=1,
+                         gpus_per_engine=0, time="5")
+    return profile_from_dict(data, name="slurm-rig")
+
+
+def finished_job(rig: SlurmRig, job: int, out: Path, timeout: float) -> dict[str, str]:
+    """Wait (bounded) for ``job`` to end; its ``scontrol`` fields. Fails, printing the job's
+    state, reason and output, when it is still queued/running at ``timeout`` or did not
+    complete."""
+    deadline = time.monotonic() + timeout
+    while True:
+        fields = slurm.job_status(str(job)).fields
+        state = fields.get("JobState", "UNKNOWN")
+        if state in rigs_slurm.TERMINAL_STATES or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    if state != "COMPLETED" or fields.get("ExitCode") != "0:0":
+        text = out.read_text(errors="replace")[-3000:] if out.exists() else "(no such file)"
+        if state not in rigs_slurm.TERMINAL_STATES:
+            rig.run(["scancel", str(job)], check=False)
+        pytest.fail(f"Slurm job {job} is {state} (reason {fields.get('Reason')}, exit code "
+                    f"{fields.get('ExitCode')}) after {timeout:.0f} s at most; its output "
+                    f"{out}:\n{text}\n{rig.logs(10)}")
+    return fields
+
+
+def test_a_batch_job_that_fails_or_overstays_is_reported_with_its_output(on_rig, tmp_path):
+    rig = on_rig
+    script = write_sbatch_script(tmp_path / "bad.sbatch", "#!/bin/bash\n#SBATCH --output=bad-%j.out"
+                                 "\necho 'ddp_script: boom'\nexit 3\n")
+    job = int(rig.run(["sbatch", "--parsable", str(script)], cwd=tmp_path).stdout)
+    with pytest.raises(pytest.fail.Exception) as err:
+        finished_job(rig, job, tmp_path / f"bad-{job}.out", timeout=30)
+    print(f"\n{str(err.value).split(chr(10) + '--- ')[0]}")
+    assert f"Slurm job {job} is FAILED (reason NonZeroExitCode, exit code 3:0)" in str(err.value)
+    assert "ddp_script: boom" in str(err.value)
+    slow = int(rig.run(["sbatch", "--parsable", "--wrap", "sleep 60"], cwd=tmp_path).stdout)
+    with pytest.raises(pytest.fail.Exception, match=f"job {slow} is (PENDING|RUNNING)"):
+        finished_job(rig, slow, tmp_path / "none.out", timeout=1)
+    assert rig.wait_job(slow, timeout=15) == "CANCELLED"  # not left running
+
+
+def test_unit6_batch_script_runs_under_sbatch_and_every_rank_ends_equal(on_rig, tmp_path):
+    """The script unit 6 prints, made the same way from the course's Slurm profile, submitted
+    with ``sbatch``: srun -> the venv's torchrun -> 2 gloo ranks of unit 3's training."""
+    rig = on_rig
+    steps = 3
+    text = make_sbatch_script(rig_ddp_profile(rig.partition),
+                              script_args=["--steps", str(steps), "--backend", "gloo"])
+    check = check_sbatch_script(text, expect={"nodes": "1", "--nnodes": "1",
+                                              "--nproc-per-node": "2", "cpus-per-task": "2",
+                                              "partition": rig.partition, "account": "course"})
+    assert check.ok, check.errors
+    assert "export GLOO_SOCKET_IFNAME=lo" in text
+    script = write_sbatch_script(tmp_path / "ddp.sbatch", text)
+    t0 = time.perf_counter()
+    # torchrun's usual port is taken on the node: the job's rendezvous must not need it.
+    with socket.socket() as squatter:
+        with contextlib.suppress(OSError):  # if someone else holds it, just as good
+            squatter.bind(("", RDZV_PORT))
+            squatter.listen()
+        job = int(rig.run(["sbatch", "--parsable", str(script)], cwd=tmp_path)
+                  .stdout.split(";")[0])
+        out = tmp_path / f"course-ddp-{job}.out"  # where the script's --output says
+        fields = finished_job(rig, job, out, timeout=300)
+    took = time.perf_counter() - t0
+    assert Path(fields["StdOut"]) == out and out.is_file()
+    assert (fields["JobName"], fields["Partition"], fields["Account"]) == (
+        "course-ddp", rig.partition, "course")
+    assert (fields["NumNodes"], fields["NumCPUs"], fields["NodeList"]) == ("1", "2", rig.node)
+    log = out.read_text()
+    print(f"\njob {job} in {took:.1f} s (sbatch to end): " + " ".join(
+        f"{k}={fields.get(k)}" for k in ("JobState", "Reason", "ExitCode", "RunTime", "NodeList",
+                                         "NumNodes", "NumCPUs", "StdOut")) + f"\n{log}")
+
+    # What Slurm gave the job (the script's first line) sets the ranks and the world size.
+    head = re.search(r"^job (\d+): (\d+) node\(s\) \((\S+)\) x (\d+) process\(es\), "
+                     r"rendezvous on (\S+):(\d+)$", log, re.M)
+    assert head, log
+    assert (int(head[1]), head[3], head[5]) == (job, rig.node, rig.node)
+    nodes, nproc, port = int(head[2]), int(head[4]), int(head[6])
+    assert (nodes, nproc) == (1, 2) and port != RDZV_PORT
+    ranks = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert len(ranks) == nodes * nproc, log
+    node_host = re.search(r"\bNodeHostName=(\S+)", rig.run(
+        ["scontrol", "-o", "show", "node", rig.node]).stdout)[1]
+    assert sorted(r["rank"] for r in ranks) == list(range(nodes * nproc))
+    for r in ranks:
+        assert r["world_size"] == nodes * nproc and r["node_rank"] in range(nodes)
+        assert r["local_rank"] == r["rank"] % nproc and r["host"] == node_host
+        assert (r["steps"], r["backend"], r["replica_spread"]) == (steps, "gloo", 0.0)
+        assert math.isfinite(r["loss"])
+    assert len({r["checksum"] for r in ranks}) == 1, ranks  # equal weights on every rank
+    assert len({r["loss"] for r in ranks}) == 1  # the reduced loss
 
 
 # ---- two nodes: one slurmd in each network namespace of the two-host rig ----------------------

@@ -6,7 +6,8 @@ and a Slurm cluster is only who starts the processes:
 
 * :func:`torchrun_args`: one ``torchrun`` per host (multi-node flags, c10d rendezvous);
 * :func:`make_sbatch_script`: an ``sbatch`` script whose ``srun`` starts that same ``torchrun``
-  once per node, with the interface, interpreter and node count taken from a cluster profile;
+  once per node, with the interface, interpreter and node count taken from a cluster profile
+  (submitted for real to a one-node Slurm cluster by ``tests/test_slurm.py``);
 * :func:`check_sbatch_script`: what can be checked without Slurm (``bash -n``, the ``#SBATCH``
   lines, the ``srun ... torchrun ... -m course_utils.torch_dist.ddp_script`` line).
 
@@ -29,8 +30,13 @@ from .profiles import ClusterProfile, load_profile
 
 #: The module every launcher runs: unit 3's training as a script.
 SCRIPT_MODULE = "course_utils.torch_dist.ddp_script"
-#: Default TCP port of the c10d rendezvous store on the first node.
+#: torchrun's usual port for the c10d rendezvous store (the examples' ``--rdzv-endpoint``).
 RDZV_PORT = 29400
+
+#: Bash that prints a TCP port free on this node right now (the batch script runs on the
+#: allocation's first node, where the rendezvous store listens). ``{python}``: the interpreter.
+_FREE_PORT = ("{python} -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); "
+              "print(s.getsockname()[1])'")
 
 
 def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
@@ -80,7 +86,7 @@ def make_sbatch_script(
     partition: str | None = None,
     account: str | None = None,
     python: str | None = None,
-    rdzv_port: int = RDZV_PORT,
+    rdzv_port: int | None = None,
     rdzv_host: str | None = None,
     script_args: Sequence[str] = ("--steps", "20"),
     output: str = "course-ddp-%j.out",
@@ -97,7 +103,10 @@ def make_sbatch_script(
     ``partition``, ``account``, ``qos``, ``time``, ``options`` and per-engine CPUs/GPUs (times
     the processes per node). Keyword arguments override them. One ``srun`` task per node
     starts one ``torchrun``, which starts ``nproc_per_node`` training processes; the c10d
-    rendezvous store listens on the first node of the allocation (``rdzv_host`` overrides it).
+    rendezvous store listens on the first node of the allocation (``rdzv_host`` overrides it),
+    on a port the batch script finds free there (``rdzv_port`` fixes one: two jobs sharing a
+    node must not use the same). ``output``: the job's log, relative to the directory
+    ``sbatch`` runs in; every rank writes its JSON line there.
     """
     prof = load_profile(profile) if not isinstance(profile, ClusterProfile) else profile
     spec = prof.slurm
@@ -155,24 +164,34 @@ def make_sbatch_script(
     env.setdefault("COURSE_THREADS", str(threads))
 
     torchrun = _venv_tool(python, "torchrun")
-    endpoint = f"{rdzv_host or '$HEAD_NODE'}:{int(rdzv_port)}"
+    port = "$RDZV_PORT" if rdzv_port is None else str(int(rdzv_port))
+    endpoint = f"{rdzv_host or '$HEAD_NODE'}:{port}"
     run = torchrun_args(nodes, nproc, endpoint, rdzv_id="$SLURM_JOB_ID", torchrun=torchrun,
                         script_args=script_args)
     # $VARIABLES must expand in the script: quote everything else.
     run_line = " ".join(a if "$" in a else shlex.quote(a) for a in run)
-    run_line = run_line.replace("=$HEAD_NODE", '="$HEAD_NODE"').replace(
-        "=$SLURM_JOB_ID", '="$SLURM_JOB_ID"')
+    for var in ("HEAD_NODE", "RDZV_PORT", "SLURM_JOB_ID"):
+        run_line = re.sub(rf"([=:])\${var}\b", rf'\1"${var}"', run_line)
+    if rdzv_port is None:
+        port_lines = ["# ... on a port free there now (the batch script runs on that node):",
+                      "# a fixed port clashes with another job's rendezvous on the same node.",
+                      f"RDZV_PORT=$({_FREE_PORT.format(python=shlex.quote(python))})"]
+    else:
+        port_lines = [f"RDZV_PORT={int(rdzv_port)}"]
     lines = ["#!/bin/bash",
              f"# Unit 3's DDP training on {nodes} node(s) x {nproc} process(es), made by",
              f"# course_utils.cluster.slurm_script from profile {prof.name!r}. Submit: sbatch FILE",
+             f"# (the log, one JSON line per rank at the end, goes to {output} in the",
+             "# directory sbatch runs in; %j is the job id).",
              *(f"#SBATCH {s}" for s in sb),
              "",
              "set -euo pipefail",
              *(f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())),
-             "# The c10d rendezvous store listens on the first node of the allocation.",
+             "# The c10d rendezvous store listens on the first node of the allocation ...",
              'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-             'echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES node(s), rendezvous on '
-             f'$HEAD_NODE:{int(rdzv_port)}"',
+             *port_lines,
+             'echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES node(s) ($SLURM_JOB_NODELIST)'
+             f' x {nproc} process(es), rendezvous on $HEAD_NODE:$RDZV_PORT"',
              "# One task per node; each runs one torchrun, which starts the training processes.",
              f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {run_line}",
              ""]
