@@ -69,6 +69,9 @@ def cc():
     cu.init_torch(cluster)
     cluster.view.execute(REFERENCE_RING + ALL_REDUCE_OF_RING_INPUT, block=True)
     yield cluster
+    from course_utils.cluster import lifecycle
+
+    lifecycle._stop_engines(cluster.cluster, kill=True)  # nothing to save: no 2 s SIGTERM wait
     cluster.stop(force=True)
 
 
