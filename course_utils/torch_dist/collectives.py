@@ -273,7 +273,8 @@ def engine_compare(fns: dict[str, Callable[[], Any]], iters: int = 7, warmup: in
 
 
 def px_function(name: str) -> Callable[..., Any]:
-    """The function ``name`` that a ``%%px`` cell defined on this engine (engine side)."""
+    """The function ``name`` that a ``%%px`` cell defined on this engine (engine side; what
+    the recorders of ``01_collectives`` call the learner's ring through)."""
     import __main__
 
     fn = vars(__main__).get(name)
