@@ -232,7 +232,7 @@ def test_unit3_training_shows_one_progress_bar_per_epoch(chromium, learner_lab):
     assert "[rank 0, engine" in train.text and "[rank 1, engine" not in train.text, train.text
     assert cells[UNIT3_CELLS.index("train-check")].has_image
     # What the run wrote went to the learner's folder (the notebooks use relative paths).
-    assert (lab.workdir / "checkpoints" / f"cnn-epoch{epochs}.pt").exists()
+    assert (lab.workdir / "saved_models" / f"cnn-epoch{epochs}.pt").exists()
     assert (lab.workdir / "data").is_dir()
 
 

@@ -226,6 +226,19 @@ def test_ring_slider_steps_through_every_frame():
     plt.close("all")
 
 
+def test_show_displays_once_and_closes(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    fig = viz.cheatsheet.collectives_cheatsheet(
+        [{"rank": r, "trace": {"all_reduce": ([float(r + 1)], [3.0])}} for r in range(2)])
+    assert viz.show(fig) is fig and shown == [fig]
+    assert not plt.fignum_exists(fig.number), "a shown figure is closed (no second drawing)"
+    ring.show(ring.replay_frames(simulate_ring(2, 4)))
+    assert "<script" in shown[1].data and shown[1].data.count("data:image/png") >= 3
+
+
 # ---- cheat sheet ---------------------------------------------------------------------------
 def test_cheatsheet_tells_inputs_from_sums_and_renders():
     p, w = 3, 2

@@ -69,6 +69,9 @@ def cc():
     cu.init_torch(cluster)
     cluster.view.execute(REFERENCE_RING + ALL_REDUCE_OF_RING_INPUT, block=True)
     yield cluster
+    from course_utils.cluster import lifecycle
+
+    lifecycle._stop_engines(cluster.cluster, kill=True)  # nothing to save: no 2 s SIGTERM wait
     cluster.stop(force=True)
 
 
@@ -85,6 +88,23 @@ def test_ring_replay_last_frame_is_dist_all_reduce_on_every_rank(cc):
     for s in range(P - 1):
         for src, dst, start, size in rp["sends"][s]:
             assert dst == (src + 1) % P and (start, start + size) == bounds[(src - s) % P]
+    # The frames are the ranks' real buffers: at every step the receiver's chunk becomes its
+    # own values plus the message (reduce-scatter) or the message itself (all-gather) ...
+    vals = rp["values"]
+    for k in range(rp["steps"]):
+        for src, dst, start, size in rp["sends"][k]:
+            sent, had = vals[k][src][start:start + size], vals[k][dst][start:start + size]
+            got = vals[k + 1][dst][start:start + size]
+            added = [a + b for a, b in zip(had, sent, strict=True)]
+            assert got == (added if rp["phases"][k] == "reduce-scatter" else sent), (k, src)
+    # ... and after reduce-scatter rank r holds the finished sum of chunk r + 1: the per-step
+    # partial sums add up to dist.all_reduce's result.
+    for r in range(P):
+        a, b = bounds[(r + 1) % P]
+        assert vals[P - 1][r][a:b] == truth[r][a:b]
+        assert rp["masks"][P - 1][r][a:b] == [2**P - 1] * (b - a)
+    with pytest.raises(Exception, match="not defined"):
+        cc.run(record.engine_record_ring_frames, "no_such_ring", timeout=30)
 
 
 def test_ring_replay_copies_the_ring_to_a_cluster_of_another_size(cc):
@@ -139,14 +159,14 @@ def test_sweep_times_grow_with_the_message_and_fit(cc):
 
 
 def test_ddp_profile_shows_one_all_reduce_per_bucket_per_step(cc):
-    runs = {}
-    for cap in (25.0, 0.1):
-        recs = cc.run(record.engine_profile_ddp, 2, cap, 128, 3, 32, 1, timeout=120)
-        runs[f"bucket_cap_mb={cap:g}"] = recs
+    # What unit 3 calls (its default caps, 25 and 1 MiB), on a model with 1.6 MiB of gradients
+    w, d = 320, 4
+    runs = record.profile_ddp(steps=2, cluster=cc, width=w, depth=d, batch=32, warmup=1)
+    assert list(runs) == ["bucket_cap_mb=25", "bucket_cap_mb=1"]
+    for cap, recs in runs.items():
         for rec in recs:
             buckets = rec["bucket_bytes"]
-            assert sum(buckets) == rec["grad_bytes"] == 4 * (3 * (128 * 128 + 128) + 128 * 10
-                                                             + 10)
+            assert sum(buckets) == rec["grad_bytes"] == 4 * (d * (w * w + w) + w * 10 + 10)
             kinds = {e["kind"] for e in rec["events"]}
             assert {"forward", "backward", "optimizer", "all_reduce"} <= kinds
             for s in range(2):
@@ -154,14 +174,14 @@ def test_ddp_profile_shows_one_all_reduce_per_bucket_per_step(cc):
                 assert len(reds) == len(buckets), (cap, s, len(reds), buckets)
                 assert [e["bucket"] for e in reds] == list(range(len(buckets)))
             assert all(e["end"] >= e["start"] >= 0 for e in rec["events"])
-    assert len(runs["bucket_cap_mb=25"][0]["bucket_bytes"]) == 1
-    assert len(runs["bucket_cap_mb=0.1"][0]["bucket_bytes"]) > 1
+    big, small = (len(runs[k][0]["bucket_bytes"]) for k in runs)
+    assert small > big, f"more buckets at 1 MiB than at 25 MiB: {small} vs {big}"
+    assert max(runs["bucket_cap_mb=1"][0]["bucket_bytes"]) <= 2**20 + 4 * (w * w + w)
     viz.ddp_timeline(runs).canvas.draw()
 
 
 def test_live_log_is_published_while_training_runs(cc):
-    ar = cc.client[cc.ranks.engine_ids].apply_async(record.engine_train_live, 40, 32, 0.1, 16,
-                                                    20.0, 0.03)
+    ar = record.start_train_live(40, delay=0.03, cluster=cc, batch=32, hidden=16, max_hz=20.0)
     seen = []
     while not ar.ready():
         seen.append([len(r) if r else 0 for r in viz.live.published_rows(ar)])

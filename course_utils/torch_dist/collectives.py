@@ -272,6 +272,17 @@ def engine_compare(fns: dict[str, Callable[[], Any]], iters: int = 7, warmup: in
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
+def px_function(name: str) -> Callable[..., Any]:
+    """The function ``name`` that a ``%%px`` cell defined on this engine (engine side; what
+    the recorders of ``01_collectives`` call the learner's ring through)."""
+    import __main__
+
+    fn = vars(__main__).get(name)
+    if not callable(fn):
+        raise NameError(f"{name!r} is not defined on this engine: run the %%px cell first")
+    return fn
+
+
 def engine_bench_all_reduce(fn_name: str, nbytes: int = 64 * 2**20, iters: int = 7
                             ) -> dict[str, float]:
     """*Collective.* Median seconds of the ``%%px`` function ``fn_name(t)`` and of
@@ -280,40 +291,39 @@ def engine_bench_all_reduce(fn_name: str, nbytes: int = 64 * 2**20, iters: int =
     import torch
     import torch.distributed as dist
 
-    import __main__
-
-    fn = vars(__main__).get(fn_name)
-    if fn is None:
-        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    fn = px_function(fn_name)
     t = torch.full((nbytes // 4,), 1e-3)
     return engine_compare({"dist.all_reduce (gloo)": lambda: dist.all_reduce(t),
                            fn_name: lambda: fn(t)}, iters=iters)
 
 
-def engine_record_ring(fn_name: str, n: int) -> dict[str, Any]:
-    """*Collective.* Run the ``%%px`` function ``fn_name(t)`` on a small readable tensor (rank
-    ``r`` holds ``100*r + [0, 1, ..., n-1]``) and record every message it sends with
-    ``dist.isend``/``dist.send``: destination and the chunk's values *at the moment it was
-    sent*. Returns this rank's ``before``, ``messages`` and ``after``, for
-    :func:`course_utils.viz.ring_trace` (used in ``01_collectives``).
+def record_sends(fn: Callable[[Any], Any], t: Any) -> list[dict[str, Any]]:
+    """Call ``fn(t)`` with ``dist.send``/``dist.isend`` watched, and return one dict per message
+    this rank sent, in order: ``dst``, ``values`` (the message as sent), ``start`` (its offset
+    in ``t``'s flat buffer; when a copy was sent, where its values first occur in ``t``, or -1)
+    and ``buffer`` (all of ``t`` just before the send). Engine side; as collective as ``fn``.
+
+    The one spy on sends of the course's recorders (:func:`engine_record_ring` here,
+    :func:`course_utils.torch_dist.record.engine_record_ring_frames` for the ring replay).
     """
-    import torch
     import torch.distributed as dist
 
-    import __main__
-
-    fn = vars(__main__).get(fn_name)
-    if fn is None:
-        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
-    rank = dist.get_rank()
-    t = torch.arange(n, dtype=torch.float32) + 100.0 * rank
-    before = t.tolist()
-    messages: list[tuple[int, list[float]]] = []
+    flat = t.view(-1)
+    base, n, size = flat.data_ptr(), flat.numel(), flat.element_size()
+    storage = flat.untyped_storage().data_ptr()
+    sent: list[dict[str, Any]] = []
     saved = {name: getattr(dist, name) for name in ("send", "isend")}
 
     def spying(name: str) -> Callable[..., Any]:
         def spy(tensor: Any, dst: int, *args: Any, **kwargs: Any) -> Any:
-            messages.append((int(dst), tensor.detach().reshape(-1).tolist()))
+            values = tensor.detach().reshape(-1).tolist()
+            buffer = flat.tolist()
+            view = tensor.untyped_storage().data_ptr() == storage  # a view into t
+            start = (tensor.data_ptr() - base) // size if view else -1
+            if not 0 <= start <= n - len(values):  # a copy: find it in the buffer by value
+                start = _find(buffer, values)
+            sent.append({"dst": int(dst), "values": values, "start": int(start),
+                         "buffer": buffer})
             return saved[name](tensor, dst, *args, **kwargs)
         return spy
 
@@ -324,4 +334,29 @@ def engine_record_ring(fn_name: str, n: int) -> dict[str, Any]:
     finally:
         for name, f in saved.items():
             setattr(dist, name, f)
+    return sent
+
+
+def _find(buffer: list[float], part: list[float]) -> int:
+    for i in range(len(buffer) - len(part) + 1):
+        if buffer[i:i + len(part)] == part:
+            return i
+    return -1
+
+
+def engine_record_ring(fn_name: str, n: int) -> dict[str, Any]:
+    """*Collective.* Run the ``%%px`` function ``fn_name(t)`` on a small readable tensor (rank
+    ``r`` holds ``100*r + [0, 1, ..., n-1]``) and record every message it sends with
+    ``dist.isend``/``dist.send``: destination and the chunk's values *at the moment it was
+    sent*. Returns this rank's ``before``, ``messages`` and ``after``, for
+    :func:`course_utils.viz.ring_trace` (the gallery's static trace).
+    """
+    import torch
+    import torch.distributed as dist
+
+    fn = px_function(fn_name)
+    rank = dist.get_rank()
+    t = torch.arange(n, dtype=torch.float32) + 100.0 * rank
+    before = t.tolist()
+    messages = [(m["dst"], m["values"]) for m in record_sends(fn, t)]
     return {"rank": rank, "before": before, "messages": messages, "after": t.tolist()}

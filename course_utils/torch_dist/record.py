@@ -6,12 +6,15 @@ talks to a cluster). Every ``engine_*`` function runs on the engines (``cluster.
 
 * ``01_collectives``: :func:`engine_record_collectives` (the cheat sheet),
   :func:`engine_record_ring_frames` and :func:`record_ring_replay` (the ring replay on 4 ranks);
-* ``03_pytorch_ddp`` and the performance unit: :func:`engine_profile_ddp` (the DDP timeline),
-  :func:`engine_sweep_all_reduce` (the cost model), :class:`LiveLog` (the live training view).
+* ``03_pytorch_ddp`` and the performance unit: :func:`engine_profile_ddp` and
+  :func:`profile_ddp` (the DDP timeline), :func:`engine_sweep_all_reduce` (the cost model),
+  :class:`LiveLog`, :func:`engine_train_live` and :func:`start_train_live` (the live training
+  view).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -154,6 +157,18 @@ def engine_profile_ddp(steps: int = 3, bucket_cap_mb: float = 25.0, width: int =
             "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
 
 
+def profile_ddp(caps: Sequence[float] = (25.0, 1.0), steps: int = 3,
+                cluster: CourseCluster | None = None, timeout: float = 180.0,
+                **kwargs: Any) -> dict[str, list[dict[str, Any]]]:
+    """Run :func:`engine_profile_ddp` on every rank once per bucket size in ``caps`` (MiB) and
+    return ``{"bucket_cap_mb=25": records, ...}`` for :func:`course_utils.viz.ddp_timeline`.
+    ``kwargs`` go to :func:`engine_profile_ddp` (``width``, ``depth``, ``batch``, ...).
+    Introduced in ``03_pytorch_ddp``."""
+    cc = cluster or current()
+    return {f"bucket_cap_mb={cap:g}": cc.run(engine_profile_ddp, steps, float(cap),
+                                             timeout=timeout, **kwargs) for cap in caps}
+
+
 def _merge_backward(events: list[dict[str, Any]], gap: float = 2e-4) -> list[dict[str, Any]]:
     """Join backward pieces (one per autograd node) that follow each other within ``gap`` s."""
     out: list[dict[str, Any]] = []
@@ -243,6 +258,22 @@ def engine_train_live(steps: int = 60, batch: int = 64, lr: float = 0.1, hidden:
     return live.rows
 
 
+def start_train_live(steps: int = 60, delay: float | None = None,
+                     cluster: CourseCluster | None = None, **kwargs: Any) -> Any:
+    """Start :func:`engine_train_live` on every rank *without waiting* and return its
+    ``AsyncResult`` (ranks in order) for :func:`course_utils.viz.watch`, which draws the rows
+    while the ranks train. ``delay`` (s of sleep per step) defaults to 0.05 where the figure can
+    update in place, so a short run lasts long enough to watch, and to 0 where it cannot (nbval,
+    scripts). ``kwargs`` go to :func:`engine_train_live`. Introduced in ``03_pytorch_ddp``."""
+    from ..viz.live import live_possible
+
+    cc = cluster or current()
+    if delay is None:
+        delay = 0.05 if live_possible() else 0.0
+    return cc.client[cc.ranks.engine_ids].apply_async(engine_train_live, steps, delay=delay,
+                                                      **kwargs)
+
+
 # ---- collectives cheat sheet ---------------------------------------------------------------
 def engine_record_collectives(width: int = 2) -> dict[str, Any]:
     """*Collective.* Run the seven collectives once each on small readable tensors and return
@@ -309,8 +340,8 @@ def engine_record_collectives(width: int = 2) -> dict[str, Any]:
 
 
 # ---- ring replay ---------------------------------------------------------------------------
-def engine_record_ring_frames(fn_name: str = "ring_all_reduce", n: int | None = None
-                              ) -> dict[str, Any]:
+def engine_record_ring_frames(fn_name: str = "ring_all_reduce", n: int | None = None,
+                              watchdog: float | None = 10.0) -> dict[str, Any]:
     """*Collective.* Run the ``%%px`` function ``fn_name(t)`` (the learner's ring all-reduce) on
     a tensor that records whose contributions each element holds, and snapshot this rank's
     whole buffer each time it sends.
@@ -318,54 +349,29 @@ def engine_record_ring_frames(fn_name: str = "ring_all_reduce", n: int | None = 
     Rank ``r`` starts with ``t[i] = 2**r * (i + 1)``: any sum of contributions from a set ``S``
     of ranks is ``(i + 1) * sum(2**s for s in S)``, so every later value names its set ``S``
     exactly (float32 is exact here for up to 16 ranks and small ``n``). Returns ``frames`` (the
-    buffer before each send, then after the call), ``sends`` (destination and first element of
-    each message) and ``n``; :func:`course_utils.viz.ring.replay_frames` decodes them.
+    buffer before each send, then after the call), ``sends`` (destination, first element and
+    size of each message) and ``n``; :func:`course_utils.viz.ring.replay_frames` decodes them.
+    Under :func:`~course_utils.torch_dist.collectives.p2p_watchdog` (``watchdog`` seconds; None:
+    without), so a ring that deadlocks says so instead of hanging the process group.
     """
+
     import torch
     import torch.distributed as dist
 
-    import __main__
+    from .collectives import p2p_watchdog, px_function, record_sends
 
-    fn = vars(__main__).get(fn_name)
-    if fn is None:
-        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    fn = px_function(fn_name)
     r, p = dist.get_rank(), dist.get_world_size()
     if p > 16:
         raise ValueError("the ring replay encodes ranks in float32 bits: at most 16 ranks")
     n = int(n or 2 * p)
     t = (torch.arange(n, dtype=torch.float32) + 1.0) * float(2 ** r)
-    base = t.data_ptr()
-    frames: list[list[float]] = []
-    sends: list[dict[str, Any]] = []
-    saved = {name: getattr(dist, name) for name in ("send", "isend")}
-
-    def spying(name: str) -> Callable[..., Any]:
-        def spy(tensor: Any, dst: int, *args: Any, **kwargs: Any) -> Any:
-            frames.append(t.tolist())
-            offset = (tensor.data_ptr() - base) // t.element_size()
-            sent = tensor.detach().reshape(-1).tolist()
-            if not 0 <= offset < n:  # a copy was sent: find it in the buffer by its values
-                offset = _find(t.tolist(), sent)
-            sends.append({"dst": int(dst), "start": int(offset), "size": len(sent)})
-            return saved[name](tensor, dst, *args, **kwargs)
-        return spy
-
-    for name in saved:
-        setattr(dist, name, spying(name))
-    try:
-        fn(t)
-    finally:
-        for name, f in saved.items():
-            setattr(dist, name, f)
-    frames.append(t.tolist())
-    return {"rank": r, "world_size": p, "n": n, "frames": frames, "sends": sends}
-
-
-def _find(buffer: list[float], part: list[float]) -> int:
-    for i in range(len(buffer) - len(part) + 1):
-        if buffer[i:i + len(part)] == part:
-            return i
-    return -1
+    guard = p2p_watchdog(watchdog) if watchdog else contextlib.nullcontext()
+    with guard:
+        sent = record_sends(fn, t)
+    return {"rank": r, "world_size": p, "n": n, "frames": [m["buffer"] for m in sent] + [
+        t.tolist()], "sends": [{"dst": m["dst"], "start": m["start"], "size": len(m["values"])}
+                               for m in sent]}
 
 
 def _global_names(code: Any) -> set[str]:
@@ -461,7 +467,8 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
     If the current cluster already has ``ranks`` engines, it records there. Otherwise it copies
     the ``%%px`` function ``fn_name`` from the current cluster's rank 0 (with what it uses; or
     runs ``source``, a cell's code, instead), starts a separate ``ranks``-engine cluster for the
-    recording only (about 15 s on a laptop), records, and stops it. The notebook's own cluster
+    recording only (about 15 s on a laptop; 20-40 s on a busy 2-core machine), records, and
+    stops it. The notebook's own cluster
     and process group are left as they were. Returns one record per rank for
     :func:`course_utils.viz.ring.replay_frames`.
     """
@@ -480,6 +487,9 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
     if source is None:
         if cc is None:
             raise ValueError("no cluster to copy the ring from: pass source= (the cell's code)")
+        # A quick run on the notebook's own ranks first (under the watchdog): an unwritten or
+        # stuck ring says so in a second, before a cluster is started for it.
+        cc.run(engine_record_ring_frames, fn_name, n, timeout=60)
         snapshot = cc.run_on(0, engine_snapshot_of, fn_name, timeout=30)
     cid = f"{(cc.cluster_id if cc else default_cluster_id())}-ring{ranks}"
     side = lifecycle._start_new(cid, load_profile("local"), ranks, timeout)
@@ -493,4 +503,7 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
             side.view.execute(source, block=False).get(timeout=timeout)
         return side.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
     finally:
+        # Nothing on this cluster is worth a polite stop: SIGTERM waits 2 s, SIGKILL does not.
+        with contextlib.suppress(Exception):
+            lifecycle._stop_engines(side.cluster, kill=True)
         side.stop(force=True)

@@ -10,7 +10,8 @@ the palette of :mod:`.style`. Introduced in ``01_collectives`` (``per_rank_tenso
 ``05_tf2_parameter_server_strategy`` (``ps_traffic`` and friends; the pictures of the
 learner's own TF cluster in :mod:`.tf_pictures`) and the performance unit (``cost_model``).
 Pictures of the learner's own cluster and step (:mod:`.pictures`): ``cluster_picture``
-(``00_cluster_tour``), ``data_parallel_picture`` (``02``).
+(``00_cluster_tour``), ``data_parallel_picture`` (``02``). ``show(fig)`` displays a figure once
+and closes it (one line per figure in a notebook).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .live import LiveFigure, live_training, watch
 from .pictures import cluster_picture, data_parallel_picture
 from .ps import closure_timeline, placement_diagram, ps_step_timeline, ps_traffic, staleness
 from .ring import replay_frames, ring_frame, ring_replay
+from .style import show
 from .tf_pictures import coordinator_queue, ps_cluster, ps_vs_all_reduce
 from .timeline import ddp_timeline, overlap_fraction
 from .training import per_rank_curves, replica_divergence
@@ -33,4 +35,5 @@ __all__ = ["LiveFigure", "bandwidth_bars", "cheatsheet", "closure_timeline", "cl
            "live_training", "overlap_fraction", "per_rank_curves", "per_rank_tensors",
            "placement_diagram", "predict", "ps", "ps_cluster", "ps_step_timeline", "ps_traffic",
            "ps_vs_all_reduce", "replay_frames", "replica_divergence", "ring", "ring_frame",
-           "ring_replay", "ring_trace", "staleness", "style", "tf_pictures", "timeline", "watch"]
+           "ring_replay", "ring_trace", "show", "staleness", "style", "tf_pictures", "timeline",
+           "watch"]

@@ -69,7 +69,7 @@ def collectives_cheatsheet(records: Sequence[Mapping[str, Any]],
     widest = max(len(v) for rec in recs for pair in rec["trace"].values() for v in pair if v)
     cell = 1.0
     col_w = widest * cell + 1.2
-    fig_w = (2 * col_w + 1.6) * 0.5 + 1.6
+    fig_w = max((2 * col_w + 1.6) * 0.5 + 1.6, 10.0)  # wide enough for the title on 2 ranks
     fig, axes = plt.subplots(len(names), 1, figsize=(fig_w, (0.34 * p + 0.55) * len(names) + 1.3),
                              squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):

@@ -10,8 +10,9 @@ all-gather (green arrows, "copy").
 * :func:`replay_frames` decodes the records (pure; the tests check it);
 * :func:`ring_frame` draws one step, :func:`ring_replay` every step on one page (for slides);
 * :func:`animation_html` is a matplotlib ``jshtml`` animation that plays in any notebook
-  viewer, in nbval output and in slides, without widgets; :func:`slider` steps through it with
-  an ipywidgets slider in JupyterLab.
+  viewer, in nbval output and in slides, without widgets (:func:`show` displays it: what
+  ``01_collectives`` calls); :func:`slider` steps through it with an ipywidgets slider in
+  JupyterLab.
 """
 
 from __future__ import annotations
@@ -211,8 +212,14 @@ def ring_replay(replay: Mapping[str, Any], title: str | None = None) -> Any:
 
 def animation_html(replay: Mapping[str, Any], interval_ms: int = 1400,
                    title: str | None = None) -> str:
-    """A self-contained HTML animation (matplotlib ``jshtml``: play, pause, step buttons) that
-    plays without ipywidgets: in nbval output, exported notebooks and slides."""
+    """A self-contained HTML animation (matplotlib ``jshtml``: play, pause, step buttons and a
+    frame slider) that plays without ipywidgets: in nbval output, exported notebooks and slides.
+
+    Each frame is drawn once (``FuncAnimation.to_jshtml`` draws each frame three times here: for
+    its own redraw, for the course's ``savefig.bbox = "tight"`` and for the PNG)."""
+    import tempfile
+    from pathlib import Path
+
     plt = _plt()
     from cycler import cycler
     from matplotlib import animation
@@ -220,18 +227,24 @@ def animation_html(replay: Mapping[str, Any], interval_ms: int = 1400,
     from .style import CYCLE, RC
 
     with plt.rc_context({**RC, "axes.prop_cycle": cycler(color=CYCLE),
-                         "animation.embed_limit": 50, "savefig.dpi": 90}):
+                         "animation.embed_limit": 50, "savefig.bbox": "standard"}):
         fig, ax = plt.subplots(figsize=(1.15 * replay["n"] + 3.2, 0.9 * replay["p"] + 1.8))
-        _colorbar(fig, ax, replay["p"])
-        if title:
-            fig.suptitle(title)
-        _draw_frame(ax, replay, 0)
-        fig.tight_layout()
-        anim = animation.FuncAnimation(fig, lambda k: _draw_frame(ax, replay, k),
-                                       frames=replay["steps"] + 1, interval=interval_ms,
-                                       repeat=True)
         try:
-            html = anim.to_jshtml(default_mode="once")
+            _colorbar(fig, ax, replay["p"])
+            if title:
+                fig.suptitle(title)
+            _draw_frame(ax, replay, 0)
+            fig.tight_layout()
+            fig.set_layout_engine(None)  # laid out once: saving a frame then draws it once
+            writer = animation.HTMLWriter(fps=1000 / interval_ms, embed_frames=True,
+                                          default_mode="once")
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp, "ring.html")
+                with writer.saving(fig, str(path), dpi=90):
+                    for k in range(replay["steps"] + 1):
+                        _draw_frame(ax, replay, k)
+                        writer.grab_frame()
+                html = path.read_text()
         finally:
             plt.close(fig)
     return html
@@ -257,3 +270,12 @@ def slider(replay: Mapping[str, Any]) -> Any:
     step.observe(show, names="value")
     show()
     return widgets.VBox([step, out])
+
+
+def show(replay: Mapping[str, Any], interval_ms: int = 1400) -> None:
+    """Display the replay in a notebook as :func:`animation_html` (play, pause, step back and
+    forward, a frame slider): it plays in JupyterLab, in a saved or exported notebook and in
+    slides alike. :func:`slider` is the ipywidgets version. Introduced in ``01_collectives``."""
+    from IPython.display import HTML, display
+
+    display(HTML(animation_html(replay, interval_ms=interval_ms)))

@@ -94,3 +94,16 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" or n == int(n) else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def show(fig: Any) -> Any:
+    """Display a course figure in the notebook once and release it from pyplot (so the inline
+    backend does not draw it a second time); returns the figure. Notebooks call
+    ``viz.show(viz.some_figure(...))``: one line per figure (from ``01_collectives`` on)."""
+    from IPython.display import display
+
+    try:
+        display(fig)
+    finally:
+        _plt().close(fig)
+    return fig
