@@ -1,9 +1,12 @@
 """``course grade`` and ``course feedback``: the grader's parts, then a hostile class graded end
 to end on a real cluster.
 
-The class sits unit 0 (the shortest notebook, ~15 s a run) with a 30 s cell limit, so the two
-hanging students cost ~30 s more each. The full-marks student is graded last, after every hostile
-one, so it also shows that nothing leaks from one student into the next score.
+The class sits unit 0 (the shortest notebook; three graded tests, 6 points). Each student's
+expected score is worked out per question from the release's own cells: the question a
+breakage targets scores 0 with its reason, tests that run before it keep their points. The two
+hanging students are graded in a run of their own with a 20 s cell limit (a hang costs the
+limit); the other eight with 30 s, the full-marks student last, after every hostile one, so it
+also shows that nothing leaks from one student into the next score.
 """
 
 from __future__ import annotations
