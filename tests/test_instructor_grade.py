@@ -5,7 +5,7 @@ The class sits unit 0 (the shortest notebook; three graded tests, 6 points). Eac
 expected score is worked out per question from the release's own cells: the question a
 breakage targets scores 0 with its reason, tests that run before it keep their points. The two
 hanging students are graded in a run of their own with a 20 s cell limit (a hang costs the
-limit); the other eight with 30 s, the full-marks student last, after every hostile one, so it
+limit); the other seven with 30 s, the full-marks student last, after every hostile one, so it
 also shows that nothing leaks from one student into the next score.
 """
 
@@ -284,9 +284,11 @@ def build_class(course, folder: Path) -> dict[str, dict]:
                            "ex1-solution", {t: (0.0, dead) for t in tests}, "graded"),
         "f_stops_cluster": (_insert_after(S(), "ex1-solution", "cu.stop(force=True)"),
                             "ex1-solution", None, "graded"),
-        # tampering on the untouched release: the instructor's test is what runs
-        "g_test_edited": (_edit(R(), "ex1-test", "pass"), "ex1-test", untouched, "graded"),
-        "h_test_deleted": (_delete(R(), "ex1-test"), "ex1-test", untouched, "graded"),
+        # tampering on the untouched release, one student for both kinds (an edited test,
+        # ex1's, and a deleted one, ex2's): the instructor's tests are what runs, so the run is
+        # the untouched release's, cell for cell (checked below), and one run checks both.
+        "g_tests_tampered": (_delete(_edit(R(), "ex1-test", "pass"), "ex2-test"),
+                             "ex1-test ex2-test", untouched, "graded"),
         "i_malformed_json": (None, "", {t: (0.0, r"^not a valid notebook: NotJSONError")
                                         for t in tests}, "error"),
         "z_full": (S(), "", {t: (p, "") for t, p in tests.items()}, "graded"),
@@ -320,7 +322,7 @@ STOPPED = {t: r"^RuntimeError: Client cannot be used after its sockets have been
 def graded(course, tmp_path_factory):
     """The class graded in two runs of ``grade()``: the two hanging students on a copy of the
     course folder with a short cell limit (a hang costs the limit, so this is where the time
-    goes), then the other eight with the usual limit, the full-marks student last."""
+    goes), then the other seven with the usual limit, the full-marks student last."""
     folder = tmp_path_factory.mktemp("class")
     expected = build_class(course, folder)
     hang_course = tmp_path_factory.mktemp("hang-course") / "course"
@@ -373,11 +375,16 @@ def test_hostile_class_scores_exactly_what_each_student_earned(graded):
     assert re.search(r"ValueError: forgot the all_reduce",
                      _q(got["b_raises"], "ex1-test").reason)
     assert "ex2-solution ran past" in _q(got["d_partial_collective"], "ex2-test").reason
-    assert _q(got["g_test_edited"], "ex1-test").note.startswith("test cell was edited")
-    assert _q(got["h_test_deleted"], "ex1-test").note.startswith("test cell was deleted")
+    assert _q(got["g_tests_tampered"], "ex1-test").note.startswith("test cell was edited")
+    assert _q(got["g_tests_tampered"], "ex2-test").note.startswith("test cell was deleted")
     assert not any(q.note for g in got.values() for q in g.questions
-                   if (g.student, q.question) not in {("g_test_edited", "ex1-test"),
-                                                      ("h_test_deleted", "ex1-test")})
+                   if (g.student, q.question) not in {("g_tests_tampered", "ex1-test"),
+                                                      ("g_tests_tampered", "ex2-test")})
+    # What ran for the tamperer is exactly what ran for the untouched release.
+    root = runs[1][0].root / "autograded"
+    ran = {s: [(c.cell_type, c.source) for c in read_nb(root / s / "unit0" / UNIT0).cells]
+           for s in ("a_untouched", "g_tests_tampered")}
+    assert ran["g_tests_tampered"] == ran["a_untouched"]
     # Progress: one line per student, then the summary, in each run.
     for result, lines in runs:
         n = len(result.notebooks)
