@@ -167,3 +167,15 @@ def test_course_commands_are_thin_faces(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no submitted notebooks" in err and "nothing autograded" in err
     assert "no notebook for unit(s) [99]" in err and err.count("Fix: ") == 3
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    from course_utils.instructor.release import ENV_CACHE, cache_dir
+
+    monkeypatch.setenv(ENV_CACHE, str(tmp_path / "c"))
+    assert cache_dir() == tmp_path / "c"
+    monkeypatch.delenv(ENV_CACHE)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
+    assert cache_dir() == tmp_path / "x" / "dist-training-course"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert cache_dir() == Path.home() / ".cache" / "dist-training-course"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -180,22 +181,61 @@ def test_set_kernelspec():
 # --------------------------------------------------------------------------- working folder
 
 
+@pytest.fixture(autouse=True, scope="module")
+def release_cache(tmp_path_factory):
+    """One cache of released student notebooks for this module (not the user's ~/.cache)."""
+    from course_utils.instructor import release
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(release.ENV_CACHE, str(tmp_path_factory.mktemp("release-cache")))
+    yield
+    mp.undo()
+
+
 def test_learner_version_has_stubs_no_hidden_tests_and_the_course_kernel():
     source = grading.read(UNIT3)
-    mine = workspace.learner_version(source)
+    mine = workspace.learner_version(UNIT3)
     assert len(mine.cells) == len(source.cells)
     text = nbformat.writes(mine)
     assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text
     assert "the same epoch must give the same order" not in text  # a hidden assert
     for cell in mine.cells:
-        if grading.is_solution_cell(cell):
-            assert "raise NotImplementedError()" in cell.source
+        if grading.is_solution_cell(cell) and cell.cell_type == "code":
+            assert re.search(r"raise NotImplementedError\(['\"].+: replace this line", cell.source)
         if grading.is_test_cell(cell):
             assert cell.metadata.get("editable") is False  # locked, as nbgrader releases them
+            assert grading.nbgrader_meta(cell).get("checksum")
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
     assert mine.metadata.kernelspec.name == kernelspec.KERNEL_NAME
-    assert grading.read(UNIT3).cells[9].source == source.cells[9].source  # source untouched
+    assert grading.read(UNIT3) == source  # source untouched
+
+
+def test_the_learners_copy_is_the_student_notebook_a_release_hands_out(tmp_path, sources):
+    """``course lab``'s copy of a unit = ``course release``'s student notebook: the same cells,
+    stub hints and nbgrader metadata with checksums; only the kernel differs (the course's)."""
+    from course_utils.instructor.release import read_nb, release, student_notebook
+
+    unit0 = sources[0]
+    released = read_nb(release(tmp_path / "course", units=[0],
+                               notebook_dir=unit0.parent).units[0].release)
+    workspace.sync(tmp_path / "work", [unit0])
+    mine = grading.read(tmp_path / "work" / unit0.name)
+    assert mine.cells == released.cells
+    assert {k: v for k, v in mine.metadata.items() if k != "kernelspec"} == {
+        k: v for k, v in released.metadata.items() if k != "kernelspec"}
+    assert mine.metadata.kernelspec.name == kernelspec.KERNEL_NAME
+    locked = [c for c in mine.cells if grading.nbgrader_meta(c).get("locked")]
+    assert locked and all(grading.nbgrader_meta(c).get("checksum") for c in locked)
+    stubs = [c.source for c in mine.cells if grading.is_solution_cell(c)]
+    assert stubs and all(re.search(r"raise NotImplementedError\(['\"]", s) for s in stubs), stubs
+    assert any("Exercise 1" in s for s in stubs)
+    # Cached: a second copy is read, not released again; a changed source is released anew.
+    cached = sorted((Path(os.environ["COURSE_CACHE_DIR"]) / "student").glob("00_*.ipynb"))
+    assert len(cached) == 1 and student_notebook(unit0) == read_nb(cached[0])
+    edit_source(unit0, "A new paragraph.")
+    assert "A new paragraph." in nbformat.writes(student_notebook(unit0))
+    assert len(list((Path(os.environ["COURSE_CACHE_DIR"]) / "student").glob("00_*"))) == 1
 
 
 def test_sync_adds_keeps_replaces_offers_and_restores(tmp_path, sources):

@@ -42,6 +42,7 @@ from .release import load_config, run_app
 RUN_MARK = "COURSE_GRADING_RUN"
 REASON_CHARS = 240
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FEEDBACK_DROP = ("checked:", "try:", "expected:")  # checks.feedback's lines, least use first
 
 
 class GradingError(CourseError):
@@ -163,9 +164,17 @@ def _nb_dict(g: NotebookGrade) -> dict:
 # ---- reasons ---------------------------------------------------------------------------------
 def one_line_reason(ename: str, evalue: str, limit: int = REASON_CHARS) -> str:
     """``ename: evalue`` on one line: ANSI codes and a course error's ``Fix:`` line dropped,
-    identical per-rank errors collapsed (``[ranks 0, 1] ValueError: ...``)."""
+    identical per-rank errors collapsed (``[ranks 0, 1] ValueError: ...``). A test's
+    ``checks.feedback`` message that is too long loses its ``checked:``, then ``try:``, then
+    ``expected:`` line before anything is cut, so what was *found* stays."""
     text = _ANSI.sub("", evalue or "")
     text = text.split("\nFix:")[0]
+    lines = text.splitlines()
+    for key in _FEEDBACK_DROP:
+        if len(_ANSI.sub("", ename)) + 2 + len(" ".join(" ".join(lines).split())) <= limit:
+            break
+        lines = [ln for ln in lines if not ln.startswith(key)]
+    text = "\n".join(lines)
     per_rank = re.findall(r"\[rank (\d+)\] (.+)", text)
     if per_rank:
         by_msg: dict[str, list[str]] = {}
@@ -224,16 +233,18 @@ def marked_processes(value: str, key: str = RUN_MARK) -> list[int]:
 
 
 def kill_marked(value: str, timeout: float = 5.0) -> list[int]:
-    """SIGKILL every process carrying ``RUN_MARK=value``; wait (bounded) until they are gone."""
+    """SIGKILL every process carrying ``RUN_MARK=value``; wait (bounded) until they are gone.
+
+    A killed child of this process stays a zombie until its owner (a ``Popen``, ipyparallel's
+    launcher) reaps it: :func:`marked_processes` counts zombies as gone, and nothing here reaps,
+    so no owner loses its child's exit status.
+    """
     pids = marked_processes(value)
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
     while marked_processes(value) and time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:  # reap our own children
-                pass
         time.sleep(0.05)
     return pids
 
@@ -398,7 +409,8 @@ def grade(submissions: str | Path, course: str | Path | None = None,
         for i, (student, aid, path) in enumerate(work, start=1):
             t0 = time.perf_counter()
             try:
-                result.reset_seconds.append(gc.reset())
+                if _readable(path):  # nothing of an unreadable notebook runs: no cluster
+                    result.reset_seconds.append(gc.reset())
             except CourseError as exc:
                 raise GradingError(f"could not start a cluster to grade with: {exc.cause}",
                                    exc.fix) from exc
@@ -414,6 +426,15 @@ def grade(submissions: str | Path, course: str | Path | None = None,
     say(result.summary())
     say(f"wrote {root / 'grades.csv'} and {root / 'grades.json'}")
     return result
+
+
+def _readable(path: Path) -> bool:
+    """Whether nbgrader will run the notebook at all (it is notebook JSON nbformat can read)."""
+    try:
+        nbformat.read(str(path), as_version=4)
+    except Exception:
+        return False
+    return True
 
 
 def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: str,

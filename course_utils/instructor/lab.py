@@ -52,7 +52,7 @@ def prepare(workdir: str | None, source: bool, notebooks: Path,
         emit(f"course lab: the INSTRUCTOR'S SOURCE {notebooks} (solutions and hidden tests "
              "are visible; learners use `course lab` without --source)")
         return LabPlan(root=notebooks, source=True, jupyter_args=labpanel.jupyter_args())
-    root = Path(workdir).expanduser() if workdir else workspace.default_workdir()
+    root = _workdir(workdir)
     result = workspace.sync(root)
     emit(f"course lab: your working folder {root}")
     for line in result.lines():
@@ -78,8 +78,13 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
                         help="open the instructor's notebooks/ (solutions visible) instead")
 
 
+def _workdir(given: str | None) -> Path:
+    """The learner's working folder: ``--workdir``, else :func:`workspace.default_workdir`."""
+    return Path(given).expanduser() if given else workspace.default_workdir()
+
+
 def cmd_home(args: argparse.Namespace) -> int:
-    root = Path(args.workdir).expanduser() if args.workdir else workspace.default_workdir()
+    root = _workdir(args.workdir)
     if not any(workspace.unit_copies(root)):
         print(f"course home: no units in {root}; `course lab` creates them", file=sys.stderr)
         return 1
@@ -93,7 +98,7 @@ def cmd_home(args: argparse.Namespace) -> int:
 
 
 def cmd_solution(args: argparse.Namespace) -> int:
-    root = Path(args.workdir).expanduser() if args.workdir else workspace.default_workdir()
+    root = _workdir(args.workdir)
     try:
         text = workspace.reveal_solution(root, args.unit, args.exercise)
     except CourseError as exc:

@@ -12,10 +12,15 @@ Each unit is one nbgrader assignment, ``unit<N>``, holding the unit's notebook.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import os
 import re
 import shutil
+import tempfile
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -232,6 +237,103 @@ def _tail(text: str, n: int = 1500) -> str:
 
 def read_nb(path: str | Path) -> NotebookNode:
     return nbformat.read(str(path), as_version=4)
+
+
+# ---- the learner's copy: a release, cached ----------------------------------------------------
+ENV_CACHE = "COURSE_CACHE_DIR"
+LOCK_TIMEOUT = 120.0
+
+
+def cache_dir() -> Path:
+    """Where released student notebooks are cached: ``$COURSE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/dist-training-course`` (``~/.cache/dist-training-course``)."""
+    env = os.environ.get(ENV_CACHE, "").strip()
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(base) if base else Path.home() / ".cache") / "dist-training-course"
+
+
+def _release_code_key() -> bytes:
+    """What else decides a release's bytes: nbgrader's version and our release code."""
+    import nbgrader
+
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256(str(nbgrader.__version__).encode())
+    for name in ("release.py", "nbgrader_setup.py"):
+        h.update((here / name).read_bytes())
+    return h.digest()
+
+
+@contextlib.contextmanager
+def _locked(path: Path, timeout: float = LOCK_TIMEOUT) -> Iterator[None]:
+    """An exclusive file lock (two ``course lab`` starts share one cache), bounded wait."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise ReleaseError(f"{path} stayed locked for {timeout:.0f} s (another "
+                                       "`course lab` making student notebooks?)",
+                                       f"wait for it, or delete {path.parent}") from None
+                time.sleep(0.1)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def student_notebook(source: str | Path, cache: str | Path | None = None) -> NotebookNode:
+    """The student version of one lesson notebook, exactly as ``course release`` hands it out
+    (:func:`release`: nbgrader's stubs with our hints, hidden tests removed, outputs cleared,
+    cells locked, checksums kept). ``course lab`` (unit 0 onwards) gives learners this copy.
+
+    Cached (see :func:`student_notebooks`), so only a changed unit costs a release.
+    """
+    return student_notebooks([Path(source)], cache)[0]
+
+
+def student_notebooks(sources: list[Path], cache: str | Path | None = None
+                      ) -> list[NotebookNode]:
+    """:func:`student_notebook` of each source, the missing ones released in one go.
+
+    Cached in ``cache`` (default :func:`cache_dir`) by the source's name and bytes, nbgrader's
+    version and this code; the cache keeps one entry per notebook name.
+    """
+    root = Path(cache) if cache is not None else cache_dir()
+    folder = root / "student"
+    code = _release_code_key()
+    datas = [Path(s).read_bytes() for s in sources]
+    keys = [hashlib.sha256(code + Path(s).name.encode() + d).hexdigest()[:24] for s, d in
+            zip(sources, datas, strict=True)]
+    hits = [folder / f"{Path(s).stem}-{k}.ipynb" for s, k in zip(sources, keys, strict=True)]
+    if not all(h.exists() for h in hits):
+        with _locked(root / "release.lock"), tempfile.TemporaryDirectory() as tmp:
+            todo = {}
+            for src, data, hit in zip(sources, datas, hits, strict=True):
+                if not hit.exists():  # exactly the bytes hashed, one notebook per unit
+                    (Path(tmp) / Path(src).name).write_bytes(data)
+                    todo[unit_of(src)] = hit
+            if todo:
+                course = root / "course"
+                for unit in todo:
+                    shutil.rmtree(course / "source" / f"unit{unit}", ignore_errors=True)
+                made = release(course, units=sorted(todo), notebook_dir=tmp)
+                folder.mkdir(parents=True, exist_ok=True)
+                for u in made.units:
+                    hit = todo[u.unit]
+                    for old in folder.glob(f"{u.source.stem}-*.ipynb"):
+                        old.unlink()
+                    part = hit.with_suffix(".part")
+                    shutil.copyfile(u.release, part)
+                    os.replace(part, hit)
+    return [read_nb(h) for h in hits]
 
 
 # ---- what must not survive -------------------------------------------------------------------

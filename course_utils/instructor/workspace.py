@@ -6,9 +6,9 @@
 
     ~/dist-training-course/
       START_HERE.ipynb          the course home (generated: instructor/home.py)
-      00_cluster_tour.ipynb ... the learner's copies: solutions stubbed, hidden tests removed
-      data/, saved_models/,     what the notebooks write (they use paths relative to themselves)
-      checkpoints/
+      00_cluster_tour.ipynb ... the learner's copies: the notebooks `course release` hands out
+                                (solutions stubbed with hints, hidden tests removed, checksums)
+      data/, saved_models/      what the notebooks write (they use paths relative to themselves)
       .course/manifest.json     which release each copy was made from (hidden in JupyterLab)
 
 Rules (:func:`sync`, run by every ``course lab``):
@@ -27,7 +27,6 @@ execution count or an output (so: run the test cell, save with Ctrl-S, then ask)
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import os
@@ -59,19 +58,22 @@ def default_workdir() -> Path:
     return Path(env).expanduser() if env else Path.home() / "dist-training-course"
 
 
-def learner_version(nb: NotebookNode) -> NotebookNode:
-    """The unit as a learner gets it (what ``nbgrader generate_assignment`` makes).
+def learner_version(source: str | os.PathLike[str]) -> NotebookNode:
+    """The unit as a learner gets it: the student notebook ``course release`` hands out for the
+    source notebook at ``source`` (:func:`.release.student_notebook`, cached), asking for the
+    course kernel.
 
-    Solution regions become nbgrader's stub, hidden tests are removed, outputs cleared, test
-    and read-only cells locked; the notebook asks for the course kernel.
+    Solution regions become stubs that say which exercise they are, hidden tests are removed,
+    outputs cleared, test and read-only cells locked, nbgrader's checksums kept.
     """
-    from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions, LockCells
+    return learner_versions([Path(source)])[0]
 
-    nb = copy.deepcopy(nb)
-    for pre in (ClearSolutions(enforce_metadata=True), ClearHiddenTests(enforce_metadata=True),
-                LockCells(), ClearOutput()):
-        nb, _ = pre.preprocess(nb, {})
-    return set_kernelspec(nb)
+
+def learner_versions(sources: list[Path]) -> list[NotebookNode]:
+    """:func:`learner_version` of each source; units not cached yet are released together."""
+    from .release import student_notebooks
+
+    return [set_kernelspec(nb) for nb in student_notebooks(sources)]
 
 
 def notebook_bytes(nb: NotebookNode) -> bytes:
@@ -162,9 +164,10 @@ def sync(workdir: str | os.PathLike[str], sources: list[Path] | None = None) -> 
     workdir.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(workdir)
     result = SyncResult(workdir)
-    for src in sources if sources is not None else grading.source_notebooks():
+    sources = list(sources if sources is not None else grading.source_notebooks())
+    for src, learner in zip(sources, learner_versions(sources), strict=True):
         name = src.name
-        release = notebook_bytes(learner_version(grading.read(src)))
+        release = notebook_bytes(learner)
         release_sha = sha256(release)
         entry = manifest["units"].get(name)
         dest = workdir / name
