@@ -506,15 +506,17 @@ def _processes_of_cluster(cid: str) -> list[int]:
     return found
 
 
-def _engines_in(rig, h) -> set[int]:
-    """Pids of ipyparallel engines inside rig host ``h``'s network namespace."""
+def _ipp_processes_in(rig, h) -> dict[int, str]:
+    """ipyparallel processes inside rig host ``h``'s namespace (each engine and the nanny it
+    forks): pid -> the cluster id in its environment."""
     import psutil
 
-    out = set()
+    out = {}
     for pid in th.sh(["ip", "netns", "pids", rig.host(h).netns]).stdout.split():
         with contextlib.suppress(psutil.Error):
-            if "ipyparallel.engine" in " ".join(psutil.Process(int(pid)).cmdline()):
-                out.add(int(pid))
+            proc = psutil.Process(int(pid))
+            if "ipyparallel" in " ".join(proc.cmdline()):
+                out[proc.pid] = proc.environ().get("IPP_CLUSTER_ID", "")
     return out
 
 
@@ -526,9 +528,10 @@ def test_start_fails_within_its_timeout_naming_the_host_when_sshd_is_stopped(
     from course_utils import cluster as lifecycle
 
     assert cluster.ping()
-    before = {h: _engines_in(rig, h) for h in ("a", "b")}
-    assert before == {"a": {r.pid for r in cluster.ranks if r.host == "rig-a"},
-                      "b": {r.pid for r in cluster.ranks if r.host == "rig-b"}}, before
+    before = {h: _ipp_processes_in(rig, h) for h in ("a", "b")}
+    for h in ("a", "b"):  # only the running cluster's engines (and their nannies) are there
+        assert set(before[h].values()) == {cluster.cluster_id}, before
+        assert {r.pid for r in cluster.ranks if r.host == f"rig-{h}"} <= set(before[h]), before
     cid = f"{cluster.cluster_id}-nossh"  # the running id is a prefix of it
     rig.stop_sshd("b")
     try:
@@ -543,11 +546,14 @@ def test_start_fails_within_its_timeout_naming_the_host_when_sshd_is_stopped(
     assert "rig-a" not in err.value.cause
     assert took < 30
     # Nothing of the failed start is left: no controller or engine anywhere, no files.
+    deadline = time.monotonic() + 10  # a stopped controller may take a moment to exit
+    while _processes_of_cluster(cid) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _processes_of_cluster(cid) == []
     security = Path(cluster.cluster.profile_dir) / "security"
     assert not list(security.glob(f"*{cid}*")), list(security.glob(f"*{cid}*"))
     # The running cluster is untouched: the same engine processes on both hosts answer.
-    assert {h: _engines_in(rig, h) for h in ("a", "b")} == before
+    assert {h: _ipp_processes_in(rig, h) for h in ("a", "b")} == before
     assert cluster.ping(), "the running cluster was disturbed"
     assert lifecycle.current() is cluster
 
