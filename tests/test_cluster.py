@@ -283,6 +283,34 @@ def test_second_kernel_connects_without_owning(cluster):
     assert cluster.ping()
 
 
+def test_owner_follows_engines_another_kernel_replaced(cluster):
+    """A kernel that joined may replace every engine (its cu.restart(), each
+    tf_dist.teardown()). The kernel that started the cluster then uses the new engines (the
+    rank map saved beside the cluster file); it used to take its cluster for dead, and its
+    next cu.start() stopped it, the other kernel's engines with it."""
+    old = [r.pid for r in cluster.ranks]
+    saved = cl._current
+    cl._current = None  # a second notebook kernel
+    try:
+        other = cu.start(cluster_id=CID)
+        assert not other.owned
+        other.restart()
+        new = [r.pid for r in other.ranks]
+        other.stop()  # disconnects only
+    finally:
+        cl._current = saved
+    assert not set(old) & set(new)
+    assert cluster.ping() and cluster.alive()
+    assert [r.pid for r in cluster.ranks] == new
+    assert cu.start(cluster_id=CID) is cluster  # not stopped and started anew
+    assert cluster.run(os.getpid) == new and cluster.pull("rank") == [0, 1]
+    # The engine sets this kernel would stop are the ones that run now, not the gone ones.
+    launched = [el.process.pid for es in cluster.cluster.engines.values()
+                for el in getattr(es, "launchers", {}).values()
+                if getattr(el, "process", None) is not None]
+    assert sorted(launched) == sorted(new), (launched, new)
+
+
 SECOND_KERNEL = """
 import os, sys, time
 import course_utils as cu

@@ -12,6 +12,7 @@ Where the rig cannot be built the rig tests skip (and fail under ``CI=true``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -219,6 +220,33 @@ def test_launcher_kill_script_terms_waits_then_kills(tmp_path):
     home = os.path.expanduser("~")
     assert _remote_profile_base(f"{home}/.ipython/profile_course") == ".ipython/profile_course"
     assert _remote_profile_base("/tmp/ip/profile_course") == "/tmp/ip/profile_course"
+
+
+def test_launcher_kill_script_signals_only_this_clusters_engines():
+    # A pid alone does not name an engine of this cluster on a shared host (an engine another
+    # kernel replaced, its pid reused): only processes whose environment holds exactly
+    # IPP_CLUSTER_ID=<this id> are signalled; an id that merely starts with it is another's.
+    from course_utils.cluster.ssh_launcher import CourseSSHEngineSetLauncher as L
+
+    class El:
+        def __init__(self, pid):
+            self.pid = pid
+
+    def sleeper(cid):
+        env = {k: v for k, v in os.environ.items() if k != "IPP_CLUSTER_ID"}
+        env.update({"IPP_CLUSTER_ID": cid} if cid else {})
+        return subprocess.Popen(["sleep", "60"], env=env)
+
+    procs = [sleeper(c) for c in ("c1", "c1-nossh", "c2", None)]
+    try:
+        script = L._kill_script(15, 0.5, [El(p.pid) for p in procs], cluster_id="c1")
+        subprocess.run(["sh", "-c", script], timeout=20, check=True)
+        assert procs[0].wait(5) == -15
+        assert [p.poll() for p in procs[1:]] == [None, None, None]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_the_cluster_file_names_the_ssh_launcher_so_a_kernel_can_load_it():
@@ -463,6 +491,73 @@ def test_link_down_during_all_reduce_is_a_clear_error_and_restart_recovers(rig, 
     assert cluster.run(probes.engine_rank_sum, timeout=60) == [10.0] * 4
 
 
+def _processes_of_cluster(cid: str) -> list[int]:
+    """Pids on this machine (both rig hosts share its pid space) whose environment names the
+    cluster ``cid`` exactly (ipyparallel sets IPP_CLUSTER_ID for controller and engines)."""
+    mark = f"IPP_CLUSTER_ID={cid}".encode()
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if mark in (d / "environ").read_bytes().split(b"\0"):
+                    found.append(int(d.name))
+            except OSError:
+                continue
+    return found
+
+
+def _ipp_processes_in(rig, h) -> dict[int, str]:
+    """ipyparallel processes inside rig host ``h``'s namespace (each engine and the nanny it
+    forks): pid -> the cluster id in its environment."""
+    import psutil
+
+    out = {}
+    for pid in th.sh(["ip", "netns", "pids", rig.host(h).netns]).stdout.split():
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(int(pid))
+            if "ipyparallel" in " ".join(proc.cmdline()):
+                out[proc.pid] = proc.environ().get("IPP_CLUSTER_ID", "")
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_start_fails_within_its_timeout_naming_the_host_when_sshd_is_stopped(
+        rig, cluster, profile_path):
+    """Another cluster's failed start cleans up only what it started: nothing of it is left on
+    either host, and the running cluster keeps its engines."""
+    from course_utils import cluster as lifecycle
+
+    assert cluster.ping()
+    before = {h: _ipp_processes_in(rig, h) for h in ("a", "b")}
+    for h in ("a", "b"):  # only the running cluster's engines (and their nannies) are there
+        assert set(before[h].values()) == {cluster.cluster_id}, before
+        assert {r.pid for r in cluster.ranks if r.host == f"rig-{h}"} <= set(before[h]), before
+    cid = f"{cluster.cluster_id}-nossh"  # the running id is a prefix of it
+    rig.stop_sshd("b")
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(EnginesDidNotStart) as err:
+            lifecycle.start(timeout=30, cluster_id=cid)
+        took = time.perf_counter() - t0
+    finally:
+        rig.start_sshd("b")
+    print(f"\nsshd of rig-b stopped: cu.start() failed in {took:.1f} s:\n{err.value}")
+    assert "rig-b" in str(err.value) and "Fix:" in str(err.value)
+    assert "rig-a" not in err.value.cause
+    assert took < 30
+    # Nothing of the failed start is left: no controller or engine anywhere, no files.
+    deadline = time.monotonic() + 10  # a stopped controller may take a moment to exit
+    while _processes_of_cluster(cid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_of_cluster(cid) == []
+    security = Path(cluster.cluster.profile_dir) / "security"
+    assert not list(security.glob(f"*{cid}*")), list(security.glob(f"*{cid}*"))
+    # The running cluster is untouched: the same engine processes on both hosts answer.
+    assert {h: _ipp_processes_in(rig, h) for h in ("a", "b")} == before
+    assert cluster.ping(), "the running cluster was disturbed"
+    assert lifecycle.current() is cluster
+
+
 def _cell_seconds(cell) -> float:
     from datetime import datetime
 
@@ -498,6 +593,12 @@ def test_notebook_06_runs_unchanged_on_two_hosts(rig, cluster, profile_path, mon
     assert rig.host("b").address in text and "rig-b" in text
     setup = "".join(o.get("text", "") for o in nb.cells[2].outputs)
     assert all(str(pid) in setup for pid in pids), "the kernel did not join the running cluster"
+    # The kernel replaced every engine (tf_dist.teardown restarts them). This process, which
+    # started the cluster, follows (the rank map that kernel saved) instead of taking its
+    # cluster for dead: it used to stop it on its next cu.start().
+    assert cluster.ping(), "the cluster's owner lost the engines the notebook restarted"
+    assert not set(pids) & {r.pid for r in cluster.ranks}
+    assert cu.start(cluster_id=cluster.cluster_id) is cluster
 
 
 @pytest.mark.timeout(400)
@@ -604,30 +705,6 @@ def test_course_doctor_hosts_names_an_interface_that_does_not_exist(rig):
     assert _failed(res) == [("interface", "rig-a"), ("interface", "rig-b")]
     assert any("'eth9' does not exist" in ln and "rig0" in ln for ln in lines)
     assert took < 30
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=False, reason=(
-    "after merging the busy-cluster work (issue 7) with the SSH launcher (issue 8), the failed "
-    "start's clean-up also stopped the running two-host cluster's engines on one host; runs "
-    "last so it cannot disturb the other tests; see the closing note"))
-def test_start_fails_within_its_timeout_naming_the_host_when_sshd_is_stopped(
-        rig, cluster, profile_path):
-    from course_utils import cluster as lifecycle
-
-    rig.stop_sshd("b")
-    try:
-        t0 = time.perf_counter()
-        with pytest.raises(EnginesDidNotStart) as err:
-            lifecycle.start(timeout=30, cluster_id=f"{cluster.cluster_id}-nossh")
-        took = time.perf_counter() - t0
-    finally:
-        rig.start_sshd("b")
-    print(f"\nsshd of rig-b stopped: cu.start() failed in {took:.1f} s:\n{err.value}")
-    assert "rig-b" in str(err.value) and "Fix:" in str(err.value)
-    assert "rig-a" not in err.value.cause
-    assert took < 30
-    assert cluster.ping(), "the running cluster was disturbed"
 
 
 def test_figures_summary():

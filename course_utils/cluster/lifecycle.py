@@ -200,9 +200,39 @@ class CourseCluster:
         except Exception:
             return None
 
+    def _follow_replaced_engines(self) -> bool:
+        """Follow engines another kernel replaced; True when the rank map names live engines.
+
+        A kernel that joined this cluster may replace every engine (its ``cu.restart()``, each
+        ``tf_dist.teardown()``). This kernel's rank map then names engine ids the controller
+        dropped and its launchers pids that are gone, so every call here failed, ``cu.start()``
+        took the cluster for dead and stopped it (the other kernel's engines with it), and a
+        stop signalled stale pids. Take the rank map that kernel saved beside the cluster file
+        (it covers exactly the registered engines) and the engine sets its cluster file lists.
+        Costs nothing while the rank map is current (no round trip).
+        """
+        rm = self.rank_map
+        if rm is None:
+            return False
+        ids = set(self.client.ids)
+        if set(rm.engine_ids) <= ids:
+            return True
+        saved = _read_rank_map(self.cluster_id, sorted(ids))
+        if saved is None:
+            return False
+        self.rank_map = saved
+        self._stuck = None
+        self._forget_stack_files()  # the replaced engines' files
+        if self.profile.is_local:  # the new engines dump their stacks where their pid says
+            self._stack_files = {r.engine_id: engine.stack_file(r.pid) for r in saved
+                                 if os.path.exists(engine.stack_file(r.pid))}
+        _sync_engine_sets(self.cluster)
+        return True
+
     def _check_stuck(self) -> None:
         """Fail at once, naming the cure, while ranks still run a call that timed out: a new
         call would only queue behind it."""
+        self._follow_replaced_engines()
         stuck = self._stuck
         if not stuck:
             return
@@ -324,6 +354,7 @@ class CourseCluster:
     def ping(self, timeout: float = 5.0) -> bool:
         """True when every engine answers within ``timeout`` seconds."""
         try:
+            self._follow_replaced_engines()
             ar = self.client[self.ranks.engine_ids].apply_async(os.getpid)
             ar.get(timeout=timeout)
             return True
@@ -340,7 +371,7 @@ class CourseCluster:
             _queue_status(self.client, timeout=timeout)
         except Exception:
             return False
-        return self.rank_map is not None and set(self.ranks.engine_ids) <= set(self.client.ids)
+        return self._follow_replaced_engines()
 
     def busy(self, timeout: float = 5.0) -> dict[int, dict[str, Any]]:
         """Engines with tasks queued or running, by engine id: ``{"tasks": n, "since": s}``
@@ -454,6 +485,7 @@ class CourseCluster:
                 "stuck for good, run cu.restart(force=True)",
             )
         n = self.n
+        self._follow_replaced_engines()  # stop the engines that run now, not stale pids
         old = set(self.client.ids)
         _stop_engines(self.cluster, kill=True)
         self._forget_stack_files()
@@ -810,6 +842,27 @@ def _adopt_recorded_engines(cl: ipp.Cluster) -> None:
     for key, es in recorded.engines.items():
         if key not in cl.engines:
             cl.engines[key] = es
+
+
+def _sync_engine_sets(cl: ipp.Cluster) -> None:
+    """Make ``cl``'s engine sets those its cluster file lists: adopt the sets another kernel
+    started, forget (without signalling) those it stopped, so that a later stop here signals
+    the engines that run, never pids that are gone and may be reused."""
+    path = getattr(cl, "cluster_file", None)
+    if not path or not os.path.exists(path):
+        return
+    try:
+        with open(path) as f:
+            recorded = set((json.load(f).get("engines") or {}).get("sets", {}))
+    except (OSError, ValueError, AttributeError):
+        return
+    for key in [k for k in cl.engines if k not in recorded]:
+        es = cl.engines.pop(key)
+        for el in list(getattr(es, "launchers", {}).values()):
+            event = getattr(el, "_stop_waiting", None)
+            if event is not None:  # its polling thread ends; the engine is already gone
+                event.set()
+    _adopt_recorded_engines(cl)
 
 
 def _course_file_of(cl: ipp.Cluster) -> Path:

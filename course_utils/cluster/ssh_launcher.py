@@ -191,10 +191,25 @@ class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
         return [(ls, o if isinstance(o, str) else "") for ls, o in zip(groups, outs, strict=True)]
 
     @staticmethod
-    def _kill_script(sig: int, wait_s: float, launchers: list[Any]) -> str:
-        """Signal the pids; if ``wait_s``, wait that long for them to exit, then SIGKILL."""
+    def _kill_script(sig: int, wait_s: float, launchers: list[Any],
+                     cluster_id: str | None = None) -> str:
+        """Signal the pids; if ``wait_s``, wait that long for them to exit, then SIGKILL.
+
+        With ``cluster_id``, only pids whose environment holds exactly
+        ``IPP_CLUSTER_ID=<cluster_id>`` (ipyparallel sets it for every engine it launches):
+        a pid alone does not name an engine of *this* cluster on a host that several clusters
+        share (an engine another kernel already replaced; its pid reused by another cluster's
+        engine). Where ``/proc`` is missing (not Linux) the pids are signalled unchecked.
+        """
         pids = " ".join(str(int(el.pid)) for el in launchers)
-        script = f'pids="{pids}"; kill -{int(sig)} $pids 2>/dev/null; '
+        script = f'pids="{pids}"; '
+        if cluster_id:
+            mark = shlex.quote(f"IPP_CLUSTER_ID={cluster_id}")
+            script += (
+                'if [ -r /proc/self/environ ]; then m=""; for p in $pids; do '
+                f"tr '\\000' '\\n' 2>/dev/null < /proc/$p/environ | grep -qxF -- {mark} "
+                '&& m="$m $p"; done; pids="$m"; fi; ')
+        script += f'[ -n "$pids" ] && kill -{int(sig)} $pids 2>/dev/null; '
         if wait_s > 0:
             script += (
                 f'i=0; a="$pids"; while [ -n "$a" ] && [ $i -lt {int(wait_s * 10)} ]; do '
@@ -233,9 +248,10 @@ class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
         by_host = self._by_host()
         if sig == _signal.SIGKILL:  # the engines are gone: keep their output (same ssh)
             self._fetch_outputs(by_host, remove=True,
-                                before=lambda ls: self._kill_script(sig, 0, ls))
+                                before=lambda ls: self._kill_script(sig, 0, ls, self.cluster_id))
         else:
-            self._on_each_host(by_host, lambda ls: self._kill_script(sig, 0, ls))
+            self._on_each_host(by_host,
+                               lambda ls: self._kill_script(sig, 0, ls, self.cluster_id))
 
     async def stop(self) -> None:
         """SIGTERM every engine, SIGKILL those alive after ``stop_seconds_until_kill``, read
@@ -248,7 +264,8 @@ class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
         await asyncio.get_running_loop().run_in_executor(
             None, lambda: self._fetch_outputs(
                 by_host, remove=True,
-                before=lambda ls: self._kill_script(_signal.SIGTERM, wait, ls)))
+                before=lambda ls: self._kill_script(_signal.SIGTERM, wait, ls,
+                                                    self.cluster_id)))
         for launchers in by_host.values():  # the engines are gone: stop polling for them
             for el in launchers:
                 event = getattr(el, "_stop_waiting", None)
