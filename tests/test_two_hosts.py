@@ -144,7 +144,7 @@ def test_sbatch_script_from_a_profile_has_valid_syntax_and_the_torchrun_line():
     assert res.srun_line.startswith("srun --nodes=2 --ntasks-per-node=1")
     assert "/opt/course/.venv/bin/torchrun" in res.srun_line  # next to the profile's python
     assert res.torchrun["--rdzv-backend"] == "c10d"
-    assert res.torchrun["--rdzv-endpoint"] == "$HEAD_NODE:29400"
+    assert res.torchrun["--rdzv-endpoint"] == "$HEAD_NODE:$RDZV_PORT"
     assert "export GLOO_SOCKET_IFNAME=eth0" in text and "export NCCL_SOCKET_IFNAME=eth0" in text
     assert "#SBATCH --gpus-per-node=2" in text and "OMP_NUM_THREADS=4" in text
     one = make_sbatch_script(None, nodes=1, rdzv_port=29555, rdzv_host="127.0.0.1")
