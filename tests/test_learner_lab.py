@@ -490,3 +490,20 @@ def test_the_panel_guard_names_the_course_cluster(monkeypatch):
     assert "cu.restart()" in labpanel.REASON
 
     assert issubclass(workspace.WorkspaceError, CourseError)
+
+
+@pytest.mark.cluster
+def test_px_output_is_labelled_by_rank_in_any_kernel():
+    """``cu.start()`` installs the rank labels itself: a plain ``python3`` kernel (not the
+    course's kernelspec, which loads them as an extension) shows ``[rank r, engine e]``."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("import course_utils as cu\ncluster = cu.start()"),
+        nbformat.v4.new_code_cell("%%px\nprint('hello from rank', rank)")])
+    NotebookClient(nb, timeout=300, kernel_name="python3").execute()
+    text = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                   for o in nb.cells[1].outputs)
+    for r in (0, 1):
+        assert re.search(rf"\[rank {r}, engine \d+\]\s*hello from rank {r}", text), text

@@ -464,6 +464,10 @@ class CourseCluster:
         ip = _ipython()
         if ip is not None:  # outside IPython there are no magics to register
             self.view.activate()
+            # Any kernel (not only the course's kernelspec) labels output by rank: [rank 1, ...]
+            from course_utils.cluster import pxoutput
+
+            pxoutput.install()
             with contextlib.suppress(Exception):
                 ip.run_line_magic("pxconfig", "--progress-after -1")
             _show_engine_errors_plainly(ip)
