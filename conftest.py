@@ -7,10 +7,14 @@ import fcntl
 import os
 import tempfile
 
-# Under xdist every worker gets its own cluster id, so each has its own engines.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 # Notebook kernels (nbval) inherit this environment, so they use the test cluster id, too.
-os.environ.setdefault("COURSE_CLUSTER_ID", f"pytest-{_WORKER}" if _WORKER else "pytest")
+os.environ.setdefault("COURSE_CLUSTER_ID", "pytest")
+# Under xdist every worker gets its own cluster id (and working folder), so each has its own
+# engines. Workers inherit the main process's environment, which already holds the id.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _WORKER and not os.environ["COURSE_CLUSTER_ID"].endswith(f"-{_WORKER}"):
+    os.environ["COURSE_CLUSTER_ID"] += f"-{_WORKER}"
+    os.environ.pop("COURSE_WORKDIR", None)
 os.environ.setdefault("IPP_NONINTERACTIVE", "1")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
