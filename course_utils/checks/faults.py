@@ -9,14 +9,7 @@ import sys
 import time
 from typing import Any
 
-
-def _learner(name: str) -> Any:
-    import __main__
-
-    ns = vars(__main__)
-    if name not in ns:
-        raise NameError(f"{name!r} is not defined on this engine: run the cells above first")
-    return ns[name]
+from .common import learner
 
 
 def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,
@@ -26,7 +19,7 @@ def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,
     the second call took on this rank (a watchdog must give up near ``timeout_s``)."""
     import torch.distributed as dist
 
-    fn = _learner(fn_name)
+    fn = learner(fn_name)
     on_time = fn(timeout_s)
     dist.barrier()
     if dist.get_rank() == late_rank:
@@ -90,7 +83,7 @@ def engine_check_atomic_save(save_name: str = "save_atomic", folder: str = "/tmp
     import cloudpickle
     import torch
 
-    save = _learner(save_name)
+    save = learner(save_name)
     path = os.path.join(folder, "atomic-check.pt")
     for f in os.listdir(folder):
         if f.startswith("atomic-check"):
