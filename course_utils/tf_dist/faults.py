@@ -56,11 +56,18 @@ class TaskProcesses:
         return "\n".join(rows)
 
 
+def prepare_tasks(cluster: CourseCluster | None = None) -> list[int]:
+    """Start each engine's task starter (:mod:`.task_server`), which imports TensorFlow in the
+    background: call it early and :func:`start_tasks` later starts servers at once."""
+    cc = cluster or current()
+    return cc.run(engine_start_zygote, timeout=30)
+
+
 def start_tasks(cluster: CourseCluster | None = None, num_ps: int = 1, num_workers: int = 2,
-                timeout: float = 60.0) -> TaskProcesses:
+                timeout: float = 120.0) -> TaskProcesses:
     """Start one process per ps/worker task (ps on rank 0, worker ``i`` on rank ``i % p``),
-    each started by its rank's engine, and wait (bounded) until every task answers.
-    Raises :class:`TFServerNotAnswering` naming the tasks that did not."""
+    each forked on its rank's host from that engine's task starter, and wait (bounded) until
+    every task answers. Raises :class:`TFServerNotAnswering` naming the tasks that did not."""
     cc = cluster or current()
     roles = plan_roles(cc.world_size, num_ps, num_workers)
     rm = cc.ranks
@@ -73,28 +80,35 @@ def start_tasks(cluster: CourseCluster | None = None, num_ps: int = 1, num_worke
                for task, port in zip(tasks_on_rank(roles, r), picked[r], strict=True)}
     spec = cluster_dict(roles, addrs, by_task)
     threads = inter_op_threads(spec)
-    args = [(spec, [f"{j}:{i}" for j, i in tasks_on_rank(roles, r)], threads)
+    args = [(spec, [f"{j}:{i}" for j, i in tasks_on_rank(roles, r)], threads, timeout)
             for r in range(rm.world_size)]
     pids: dict[str, int] = {}
-    for got in cc.run_per_rank(engine_spawn_tasks, args, timeout=30):
+    for got in cc.run_per_rank(engine_spawn_tasks, args, timeout=timeout + 30):
         pids.update(got)
     tp = TaskProcesses(roles=roles, cluster=spec, pids=pids)
-    wait_tasks(tp, timeout=timeout)
+    wait_tasks(tp, timeout=30.0)
     tp.started_s = time.perf_counter() - t0
     return tp
 
 
-def wait_tasks(tp: TaskProcesses, timeout: float = 60.0) -> None:
-    """Bounded: every task of ``tp`` accepts a connection within ``timeout`` s, or
-    :class:`TFServerNotAnswering` names the ones that do not, with the fix."""
-    addrs = {f"{j}:{i}": a for j in JOBS for i, a in enumerate(tp.cluster.get(j, ()))}
+def wait_tasks(tp: TaskProcesses | dict[str, list[str]], timeout: float = 30.0) -> float:
+    """Bounded: every task of ``tp`` (or of a cluster spec) accepts a connection within
+    ``timeout`` s, or :class:`TFServerNotAnswering` names the ones that do not and the fix.
+    Returns the seconds it took."""
+    spec = tp.cluster if isinstance(tp, TaskProcesses) else tp
+    addrs = {f"{j}:{i}": a for j in JOBS for i, a in enumerate(spec.get(j, ()))}
+    t0 = time.monotonic()
     missing = unanswered(addrs, timeout=timeout)
     if missing:
-        where = ", ".join(f"{m} at {addrs[m]} (rank {tp.rank_of(m)})" for m in missing)
-        raise TFServerNotAnswering(f"{len(missing)} TF task(s) did not answer within "
-                                   f"{timeout:g} s: {where}",
-                                   "start them again with tf_dist.faults.start_tasks(); on a "
-                                   "busy machine pass a larger timeout=")
+        where = ", ".join(f"{m} at {addrs[m]}" + (f" (rank {tp.rank_of(m)})"
+                                                  if isinstance(tp, TaskProcesses) else "")
+                          for m in missing)
+        raise TFServerNotAnswering(
+            f"{len(missing)} TF task(s) did not answer within {timeout:g} s: {where}; a "
+            "ParameterServerStrategy would wait for them forever",
+            "start the missing task (tf_dist.faults.start_tasks() starts every task and checks "
+            "it), or correct its address in the cluster spec")
+    return time.monotonic() - t0
 
 
 def with_missing_ps(tp: TaskProcesses, index: int = 0) -> dict[str, list[str]]:
@@ -129,6 +143,7 @@ def coordinator_for(spec: dict[str, list[str]], timeout: float = 10.0,
     from .quiet import quiet_tensorflow
     from .servers import TFCluster
 
+    wait_tasks(spec, timeout=timeout)
     roles = {j: [0] * len(spec.get(j, ())) for j in JOBS}
     chief = prepare_chief(TFCluster(roles=roles, cluster=spec, inter_op=inter_op_threads(spec)),
                           timeout=timeout, cluster=cluster)
@@ -151,50 +166,94 @@ def wait_for_steps(variable: Any, at_least: int, timeout: float = 30.0) -> int:
 
 
 # ---- engine side ----------------------------------------------------------------------------
-_PROCS: dict[str, subprocess.Popen[bytes]] = {}
+_ZYGOTE: dict[str, Any] = {}
+_PIDS: dict[str, int] = {}
 
 
-def engine_spawn_tasks(spec: dict[str, list[str]], tasks: list[str], inter_op: int
-                       ) -> dict[str, int]:
-    """*Not collective.* Start one :mod:`.task_server` process per task (``"ps:0"``) on this
-    host; returns their pids. Their standard input is a pipe from this engine: when the engine
-    dies, they exit."""
+def engine_start_zygote() -> int:
+    """*Not collective.* Start this host's :mod:`.task_server` zygote if it is not running
+    (it imports TensorFlow once, in the background); returns its pid. Idempotent."""
+    proc = _ZYGOTE.get("proc")
+    if proc is not None and proc.poll() is None:
+        return int(proc.pid)
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "TF_CPP_MIN_LOG_LEVEL": "3", "TF_CONFIG": ""}
-    env.pop("TF_CONFIG")
+           "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("TF_CONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "course_utils.tf_dist.task_server"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env, text=True, bufsize=1)
+    _ZYGOTE.update(proc=proc, ready=False)
+    return int(proc.pid)
+
+
+def _reply(proc: Any, deadline: float) -> dict[str, Any]:
+    import select
+
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or proc.poll() is not None:
+            raise TFServerNotAnswering(
+                "this host's TF task starter (a process that imports TensorFlow once) did not "
+                "answer in time" + ("" if proc.poll() is None else " (it exited)"),
+                "run the cell again; on a busy machine pass a larger timeout=")
+        ready, _, _ = select.select([proc.stdout], [], [], min(left, 1.0))
+        if ready:
+            line = proc.stdout.readline()
+            if line.strip():
+                return dict(json.loads(line))
+
+
+def engine_spawn_tasks(spec: dict[str, list[str]], tasks: list[str], inter_op: int,
+                       timeout: float = 120.0) -> dict[str, int]:
+    """*Not collective.* Fork one server process per task (``"ps:0"``) from this host's zygote
+    (started if needed, waited for at most ``timeout`` s); returns their pids."""
+    if not tasks:
+        return {}
+    engine_start_zygote()
+    proc = _ZYGOTE["proc"]
+    deadline = time.monotonic() + timeout
+    if not _ZYGOTE["ready"]:
+        _reply(proc, deadline)                        # {"ready": pid}: TensorFlow imported
+        _ZYGOTE["ready"] = True
     out = {}
     for task in tasks:
-        old = _PROCS.pop(task, None)
-        if old is not None and old.poll() is None:
-            old.kill()
-        job, _, idx = task.partition(":")
-        proc = subprocess.Popen([sys.executable, "-m", "course_utils.tf_dist.task_server",
-                                 json.dumps(spec), job, idx, str(inter_op)],
-                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=env)
-        _PROCS[task] = proc
-        out[task] = proc.pid
+        _kill(_PIDS.pop(task, None))
+        proc.stdin.write(json.dumps({"spec": spec, "task": task, "inter_op": inter_op}) + "\n")
+        proc.stdin.flush()
+        out[task] = _PIDS[task] = int(_reply(proc, deadline)["pid"])
     return out
 
 
+def _kill(pid: int | None, timeout: float = 10.0) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    return True
+
+
 def engine_kill_task(task: str) -> int:
-    """*Not collective.* SIGKILL this engine's process of ``task``; returns its pid."""
-    proc = _PROCS.get(task)
-    if proc is None:
+    """*Not collective.* SIGKILL this host's process of ``task``; returns its pid."""
+    pid = _PIDS.pop(task, None)
+    if pid is None:
         raise KeyError(f"this engine started no process for {task}")
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
-    return proc.pid
+    _kill(pid)
+    return pid
 
 
 def engine_stop_tasks() -> int:
-    """*Not collective.* Kill every task process this engine started; how many were alive."""
-    alive = 0
-    for task, proc in list(_PROCS.items()):
-        if proc.poll() is None:
-            alive += 1
-            proc.kill()
-            proc.wait(timeout=10)
-        _PROCS.pop(task)
+    """*Not collective.* Kill every task process this engine started (the zygote stays, for
+    the next start); returns how many were still running."""
+    alive = sum(_kill(pid) for pid in list(_PIDS.values()))
+    _PIDS.clear()
     return alive

@@ -1,40 +1,70 @@
-"""One ``tf.distribute.Server`` in a process of its own: the task processes of the TensorFlow
-drills in ``08_hangs_and_faults`` (:mod:`course_utils.tf_dist.faults` starts them from the
-engines). Killing this process loses exactly one task, and the engine that started it lives on.
+"""The task processes of the TensorFlow drills in ``08_hangs_and_faults``: each ps/worker task
+is a real ``tf.distribute.Server`` in a process of its own, so killing it loses exactly one task
+and the engine that started it lives on.
 
-``python -m course_utils.tf_dist.task_server SPEC_JSON JOB INDEX INTER_OP`` serves until its
-standard input closes (the engine that started it went away) or ``--lifetime`` seconds pass.
+Importing TensorFlow costs seconds of CPU, once per process. So each engine starts one
+*zygote* (``python -m course_utils.tf_dist.task_server``): it imports TensorFlow once, then
+reads one JSON request per line on its standard input (``{"spec": ..., "task": "ps:0",
+"inter_op": 4}``) and forks a child per request; the child starts its server at once (no
+import) and answers the child's pid on standard output. The zygote exits when its standard
+input closes (the engine went away); its children are killed when the zygote goes
+(``PR_SET_PDEATHSIG``) and after ``LIFETIME`` seconds at the latest.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import signal
 import sys
-import threading
+import time
+
+#: Seconds a task process lives at most: never outlive a forgotten drill.
+LIFETIME = 900.0
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the lifetime still bounds the child
+        pass
+
+
+def _serve(tf: object, request: dict[str, object]) -> None:
+    from .spec import server_config
+
+    spec = request["spec"]
+    job, _, index = str(request["task"]).partition(":")
+    tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=job,  # type: ignore[attr-defined]
+                         task_index=int(index), protocol="grpc", start=True,
+                         config=server_config(spec, int(request["inter_op"])))  # type: ignore[arg-type]
+    deadline = time.monotonic() + LIFETIME
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("spec")
-    ap.add_argument("job")
-    ap.add_argument("index", type=int)
-    ap.add_argument("inter_op", type=int)
-    ap.add_argument("--lifetime", type=float, default=900.0)
-    args = ap.parse_args()
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    threading.Timer(args.lifetime, os._exit, (0,)).start()   # never outlive a forgotten drill
-
+    os.environ.pop("TF_CONFIG", None)
     from .quiet import quiet_tensorflow
-    from .spec import server_config
 
     tf = quiet_tensorflow()
-    spec = json.loads(args.spec)
-    tf.distribute.Server(tf.train.ClusterSpec(spec), job_name=args.job, task_index=args.index,
-                         config=server_config(spec, args.inter_op), protocol="grpc", start=True)
-    print(f"serving {args.job}:{args.index}", flush=True)
-    sys.stdin.read()          # returns at EOF: the engine that started this process is gone
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)    # children are reaped without waiting
+    print(json.dumps({"ready": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _die_with_parent()
+                _serve(tf, request)
+            finally:
+                os._exit(0)
+        print(json.dumps({"task": request["task"], "pid": pid}), flush=True)
     os._exit(0)
 
 
