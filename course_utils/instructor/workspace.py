@@ -7,7 +7,7 @@
     ~/dist-training-course/
       START_HERE.ipynb          the course home (generated: instructor/home.py)
       00_cluster_tour.ipynb ... the learner's copies: solutions stubbed, hidden tests removed
-      data/, checkpoints/       what the notebooks write (they use paths relative to themselves)
+      data/, saved_models/, ... what the notebooks write (paths relative to themselves)
       .course/manifest.json     which release each copy was made from (hidden in JupyterLab)
 
 Rules (:func:`sync`, run by every ``course lab``):

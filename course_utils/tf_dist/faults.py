@@ -2,10 +2,10 @@
 under ``ParameterServerStrategy``, a ps lost and the restore, each with a bounded wait.
 
 Every ps/worker task here is a real ``tf.distribute.Server`` in a process of its own
-(:mod:`.task_server`), started by the engine of the rank the rank map gives it, on that
-engine's host. Killing a task kills that process only: the engines, their torch process group
-and the other tasks live on, so the drills need no engine restart. Units 4-5 host their
-servers inside the engines (:mod:`.servers`) instead.
+(:mod:`.task_server`), on the host of the rank the rank map gives it, forked there by one task
+starter per host (one TensorFlow import per host). Killing a task kills that process only:
+the engines, their torch process group and the other tasks live on, so the drills need no
+engine restart. Units 4-5 host their servers inside the engines (:mod:`.servers`) instead.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class TaskProcesses:
     roles: dict[str, list[int]]
     cluster: dict[str, list[str]]
     pids: dict[str, int] = field(default_factory=dict)   # "ps:0" -> pid
+    started_by: dict[str, int] = field(default_factory=dict)   # "ps:0" -> rank whose engine
     started_s: float = 0.0
 
     def rank_of(self, task: str) -> int:
@@ -56,17 +57,26 @@ class TaskProcesses:
         return "\n".join(rows)
 
 
-def prepare_tasks(cluster: CourseCluster | None = None) -> list[int]:
-    """Start each engine's task starter (:mod:`.task_server`), which imports TensorFlow in the
-    background: call it early and :func:`start_tasks` later starts servers at once."""
+def starters(cluster: CourseCluster | None = None) -> list[int]:
+    """The rank whose engine starts the task processes of each rank's host: the lowest rank on
+    that host (one TensorFlow import per host, not per rank)."""
     cc = cluster or current()
-    return cc.run(engine_start_zygote, timeout=30)
+    first: dict[tuple[str, str], int] = {}
+    return [first.setdefault((r.host, r.addr), r.rank) for r in cc.ranks]
+
+
+def prepare_tasks(cluster: CourseCluster | None = None) -> list[int]:
+    """Start the task starter (:mod:`.task_server`) of every host, which imports TensorFlow
+    in the background: call it early, and :func:`start_tasks` later starts servers at once.
+    Returns the starters' pids."""
+    cc = cluster or current()
+    return [cc.run_on(r, engine_start_zygote, timeout=30) for r in sorted(set(starters(cc)))]
 
 
 def start_tasks(cluster: CourseCluster | None = None, num_ps: int = 1, num_workers: int = 2,
                 timeout: float = 120.0) -> TaskProcesses:
     """Start one process per ps/worker task (ps on rank 0, worker ``i`` on rank ``i % p``),
-    each forked on its rank's host from that engine's task starter, and wait (bounded) until
+    each forked on its rank's host by that host's task starter, and wait (bounded) until
     every task answers. Raises :class:`TFServerNotAnswering` naming the tasks that did not."""
     cc = cluster or current()
     roles = plan_roles(cc.world_size, num_ps, num_workers)
@@ -80,12 +90,15 @@ def start_tasks(cluster: CourseCluster | None = None, num_ps: int = 1, num_worke
                for task, port in zip(tasks_on_rank(roles, r), picked[r], strict=True)}
     spec = cluster_dict(roles, addrs, by_task)
     threads = inter_op_threads(spec)
-    args = [(spec, [f"{j}:{i}" for j, i in tasks_on_rank(roles, r)], threads, timeout)
+    owner = starters(cc)
+    started_by = {f"{j}:{i}": owner[r] for r in range(rm.world_size)
+                  for j, i in tasks_on_rank(roles, r)}
+    args = [(spec, [t for t, s in started_by.items() if s == r], threads, timeout)
             for r in range(rm.world_size)]
     pids: dict[str, int] = {}
     for got in cc.run_per_rank(engine_spawn_tasks, args, timeout=timeout + 30):
         pids.update(got)
-    tp = TaskProcesses(roles=roles, cluster=spec, pids=pids)
+    tp = TaskProcesses(roles=roles, cluster=spec, pids=pids, started_by=started_by)
     wait_tasks(tp, timeout=30.0)
     tp.started_s = time.perf_counter() - t0
     return tp
@@ -122,9 +135,10 @@ def with_missing_ps(tp: TaskProcesses, index: int = 0) -> dict[str, list[str]]:
 
 def kill_task(tp: TaskProcesses, task: str, cluster: CourseCluster | None = None) -> int:
     """SIGKILL the process of ``task`` (``"worker:1"``) from the engine that started it; returns
-    its pid. The engine and every other task keep running."""
+    its pid. The engines and every other task keep running."""
     cc = cluster or current()
-    return int(cc.run_on(tp.rank_of(task), engine_kill_task, task, timeout=15))
+    return int(cc.run_on(tp.started_by.get(task, tp.rank_of(task)), engine_kill_task, task,
+                         timeout=15))
 
 
 def stop_tasks(cluster: CourseCluster | None = None) -> int:
@@ -234,6 +248,11 @@ def _kill(pid: int | None, timeout: float = 10.0) -> bool:
         return False
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:   # our own child: reap it
+                break
+        except ChildProcessError:                # the zygote's child: it reaps itself
+            pass
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
