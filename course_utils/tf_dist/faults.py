@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,12 +66,22 @@ def starters(cluster: CourseCluster | None = None) -> list[int]:
     return [first.setdefault((r.host, r.addr), r.rank) for r in cc.ranks]
 
 
-def prepare_tasks(cluster: CourseCluster | None = None) -> list[int]:
+def prepare_tasks(cluster: CourseCluster | None = None, kernel: bool = True) -> list[int]:
     """Start the task starter (:mod:`.task_server`) of every host, which imports TensorFlow
     in the background: call it early, and :func:`start_tasks` later starts servers at once.
-    Returns the starters' pids."""
+    With ``kernel``, this kernel (the coordinator) imports TensorFlow in a background thread
+    too; a later ``import tensorflow`` waits for it. Returns the starters' pids."""
     cc = cluster or current()
+    if kernel and "tensorflow" not in sys.modules and not _KERNEL_IMPORT:
+        from .quiet import quiet_tensorflow
+
+        _KERNEL_IMPORT["thread"] = threading.Thread(target=quiet_tensorflow, daemon=True,
+                                                    name="course-tensorflow-import")
+        _KERNEL_IMPORT["thread"].start()
     return [cc.run_on(r, engine_start_zygote, timeout=30) for r in sorted(set(starters(cc)))]
+
+
+_KERNEL_IMPORT: dict[str, Any] = {}
 
 
 def start_tasks(cluster: CourseCluster | None = None, num_ps: int = 1, num_workers: int = 2,
