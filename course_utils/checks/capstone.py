@@ -55,6 +55,7 @@ def engine_check_resume(fn_name: str = "resume_or_start", folder: str = "/tmp"
     before = flat_params(fresh).clone()
     none_epoch = fn(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9), path)
     untouched = bool(torch.equal(before, flat_params(fresh)))
+    dist.barrier()   # every rank has looked for the file before rank 0 writes it
     saved = seed_cnn(seed=11)
     opt = torch.optim.SGD(saved.parameters(), lr=0.1, momentum=0.9)
     saved(torch.zeros(2, 3, 32, 32)).sum().backward()
