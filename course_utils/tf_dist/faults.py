@@ -66,18 +66,26 @@ def starters(cluster: CourseCluster | None = None) -> list[int]:
     return [first.setdefault((r.host, r.addr), r.rank) for r in cc.ranks]
 
 
-def prepare_tasks(cluster: CourseCluster | None = None, kernel: bool = True) -> list[int]:
+def import_in_background() -> bool:
+    """Import TensorFlow in this kernel in a background thread (section 6's coordinator needs
+    it); a later ``import tensorflow`` waits for it. Call it before the kernel waits on the
+    engines for a while (an import holds the interpreter lock for long stretches, so it slows
+    whatever else this kernel does meanwhile). Returns False if already imported or started."""
+    if "tensorflow" in sys.modules or _KERNEL_IMPORT:
+        return False
+    from .quiet import quiet_tensorflow
+
+    _KERNEL_IMPORT["thread"] = threading.Thread(target=quiet_tensorflow, daemon=True,
+                                                name="course-tensorflow-import")
+    _KERNEL_IMPORT["thread"].start()
+    return True
+
+
+def prepare_tasks(cluster: CourseCluster | None = None) -> list[int]:
     """Start the task starter (:mod:`.task_server`) of every host, which imports TensorFlow
     in the background: call it early, and :func:`start_tasks` later starts servers at once.
-    With ``kernel``, this kernel (the coordinator) imports TensorFlow in a background thread
-    too; a later ``import tensorflow`` waits for it. Returns the starters' pids."""
+    Returns the starters' pids."""
     cc = cluster or current()
-    if kernel and "tensorflow" not in sys.modules and not _KERNEL_IMPORT:
-        from .quiet import quiet_tensorflow
-
-        _KERNEL_IMPORT["thread"] = threading.Thread(target=quiet_tensorflow, daemon=True,
-                                                    name="course-tensorflow-import")
-        _KERNEL_IMPORT["thread"].start()
     return [cc.run_on(r, engine_start_zygote, timeout=30) for r in sorted(set(starters(cc)))]
 
 
