@@ -17,10 +17,13 @@ PLANS = {
     "05_tf2_parameter_server_strategy.ipynb": "BTBT",
     "06_two_hosts.ipynb": "BTBT",
     "07_performance.ipynb": "BTBT",
-    # Their bodies take minutes (an elastic torchrun drill, two capstone trainings) and run in
-    # nbval and on the release already: here set-up and teardown are re-run around one another.
+    # Its body (a torchrun job, a dead rank and a restart, TF drills) costs 40-70 s on the
+    # shared 2-core machine and runs in nbval already; "BBT" passes too (105 s measured), but
+    # the suite is over budget: here set-up and teardown are re-run around one another.
     "08_hangs_and_faults.ipynb": "STST",
-    "09_capstone.ipynb": "STST",
+    # The capstone again in the same kernel: the checkpoint of the first pass is deleted by the
+    # test cell, the second training starts from scratch, resumes, and meets the bar again.
+    "09_capstone.ipynb": "BBT",
 }
 
 

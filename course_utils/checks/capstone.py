@@ -6,17 +6,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .common import learner
+
 #: The capstone's accuracy bar on held-out data, per dataset.
 TARGET = {"digits-as-cifar": 0.85, "cifar10": 0.30}
 
-
-def _learner(name: str) -> Any:
-    import __main__
-
-    ns = vars(__main__)
-    if name not in ns:
-        raise NameError(f"{name!r} is not defined on this engine: run the cells above first")
-    return ns[name]
 
 
 def engine_check_capstone(model_name: str = "final_model", data_root: str = "data",
@@ -30,7 +24,7 @@ def engine_check_capstone(model_name: str = "final_model", data_root: str = "dat
     from ..data import cifar10
     from ..torch_dist.train import evaluate, replica_spread
 
-    model = _learner(model_name)
+    model = learner(model_name)
     model = getattr(model, "module", model)
     test = cifar10(data_root, train=False, n=n_test, download=False)
     x = (torch.from_numpy(test.x) - 0.5) / 0.5
@@ -51,7 +45,7 @@ def engine_check_resume(fn_name: str = "resume_or_start", folder: str = "/tmp"
 
     from ..torch_dist.train import flat_params, seed_cnn
 
-    fn = _learner(fn_name)
+    fn = learner(fn_name)
     rank = dist.get_rank()
     path = os.path.join(folder, "capstone-resume-check.pt")
     if rank == 0 and os.path.exists(path):
@@ -61,6 +55,7 @@ def engine_check_resume(fn_name: str = "resume_or_start", folder: str = "/tmp"
     before = flat_params(fresh).clone()
     none_epoch = fn(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9), path)
     untouched = bool(torch.equal(before, flat_params(fresh)))
+    dist.barrier()   # every rank has looked for the file before rank 0 writes it
     saved = seed_cnn(seed=11)
     opt = torch.optim.SGD(saved.parameters(), lr=0.1, momentum=0.9)
     saved(torch.zeros(2, 3, 32, 32)).sum().backward()

@@ -3,20 +3,15 @@ or kill a process in the middle of a save, then look at what the learner's code 
 
 from __future__ import annotations
 
+import io
 import os
+import signal
 import subprocess
 import sys
 import time
 from typing import Any
 
-
-def _learner(name: str) -> Any:
-    import __main__
-
-    ns = vars(__main__)
-    if name not in ns:
-        raise NameError(f"{name!r} is not defined on this engine: run the cells above first")
-    return ns[name]
+from .common import learner
 
 
 def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,
@@ -26,7 +21,7 @@ def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,
     the second call took on this rank (a watchdog must give up near ``timeout_s``)."""
     import torch.distributed as dist
 
-    fn = _learner(fn_name)
+    fn = learner(fn_name)
     on_time = fn(timeout_s)
     dist.barrier()
     if dist.get_rank() == late_rank:
@@ -38,22 +33,11 @@ def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,
 
 
 _CHILD = r"""
-import os, signal, sys
+import os, sys
 import cloudpickle, torch
 save, path, steps, crash_at = cloudpickle.load(open(sys.argv[1], "rb"))
-sys.path.insert(0, os.path.dirname(sys.argv[1]))
-from course_utils.checks.faults import tiny_run
-calls = []
-real = torch.save
-def dying_save(obj, f, *a, **k):
-    calls.append(os.fspath(f) if isinstance(f, (str, os.PathLike)) else repr(f))
-    if len(calls) == crash_at + 1:             # the save after step `crash_at`: half, then kill -9
-        target = open(f, "wb") if isinstance(f, (str, os.PathLike)) else f
-        target.write(b"PK\x03\x04 half a checkpoint")
-        target.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-    return real(obj, f, *a, **k)
-torch.save = dying_save
+from course_utils.checks.faults import _dying_save, tiny_run
+torch.save = _dying_save(save, crash_at)
 tiny_run(0, steps, lambda state: save(state, path))
 """
 
@@ -80,6 +64,69 @@ def tiny_run(start: int, steps: int, on_step: Any, state: dict[str, Any] | None 
     return torch.cat([q.detach().reshape(-1) for q in model.parameters()])
 
 
+def _dying_save(save: Any, crash_at: int) -> Any:
+    """``torch.save`` replaced in the child: the save after step ``crash_at`` writes half a
+    file and SIGKILLs its own process."""
+    import torch
+
+    calls: list[str] = []
+    real = torch.save
+
+    def dying(obj: Any, f: Any, *a: Any, **k: Any) -> Any:
+        calls.append(os.fspath(f) if isinstance(f, (str, os.PathLike)) else repr(f))
+        if len(calls) == crash_at + 1:
+            target = open(f, "wb") if isinstance(f, (str, os.PathLike)) else f
+            target.write(b"PK\x03\x04 half a checkpoint")
+            target.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(obj, f, *a, **k)
+
+    return dying
+
+
+def _forked_child(save: Any, path: str, steps: int, crash_at: int, timeout: float
+                  ) -> tuple[int | None, str]:
+    import torch
+
+    pid = os.fork()
+    if pid == 0:  # the child: train, save with the learner's function, die mid-save
+        try:
+            # OpenMP's thread pool does not survive a fork (a parallel region would hang): the
+            # child computes on one thread, which its tiny model needs anyway.
+            torch.set_num_threads(1)
+            torch.save = _dying_save(save, crash_at)
+            tiny_run(0, steps, lambda state: save(state, path))
+        finally:
+            os._exit(0)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            return code, ""
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None, f"the child did not finish within {timeout:g} s (killed)"
+
+
+def _fresh_child(save: Any, path: str, steps: int, crash_at: int, timeout: float,
+                 folder: str) -> tuple[int | None, str]:
+    import cloudpickle
+
+    job = os.path.join(folder, "atomic-check-job.pkl")
+    with open(job, "wb") as fh:
+        cloudpickle.dump((save, path, steps, crash_at), fh)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD, job], capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    finally:
+        os.remove(job)
+    return done.returncode, done.stderr[-300:]
+
+
 def engine_check_atomic_save(save_name: str = "save_atomic", folder: str = "/tmp",
                              steps: int = 6, crash_at: int = 3,
                              timeout: float = 60.0) -> dict[str, Any]:
@@ -87,25 +134,24 @@ def engine_check_atomic_save(save_name: str = "save_atomic", folder: str = "/tmp
     after each with the learner's ``save_name(state, path)``; during the save after step
     ``crash_at`` it writes half a file and kills itself with SIGKILL. Then: does ``path`` still
     load, at which step, and does resuming from it end with the uninterrupted run's weights?"""
-    import cloudpickle
     import torch
 
-    save = _learner(save_name)
+    save = learner(save_name)
     path = os.path.join(folder, "atomic-check.pt")
     for f in os.listdir(folder):
         if f.startswith("atomic-check"):
             os.remove(os.path.join(folder, f))
-    job = os.path.join(folder, "atomic-check-job.pkl")
-    with open(job, "wb") as fh:
-        cloudpickle.dump((save, path, steps, crash_at), fh)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # The uninterrupted run, first: it also loads, in this process, what the child will use
+    # (optimizer, serialization), so the forked child does not import them again.
+    full = tiny_run(0, steps, lambda s: torch.save(s, io.BytesIO()))
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", _CHILD, job], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-    os.remove(job)
-    out: dict[str, Any] = {"child_returncode": done.returncode, "child_seconds":
-                           time.perf_counter() - t0, "child_stderr": done.stderr[-300:],
+    if sys.platform.startswith("linux"):
+        # A copy of this engine (fork): torch is imported already, so the child starts at once.
+        code, err = _forked_child(save, path, steps, crash_at, timeout)
+    else:
+        code, err = _fresh_child(save, path, steps, crash_at, timeout, folder)
+    out: dict[str, Any] = {"child_returncode": code, "child_seconds":
+                           time.perf_counter() - t0, "child_stderr": err,
                            "loads": False, "step": None, "resume_diff": None,
                            "files": sorted(f for f in os.listdir(folder)
                                            if f.startswith("atomic-check"))}
@@ -115,7 +161,6 @@ def engine_check_atomic_save(save_name: str = "save_atomic", folder: str = "/tmp
     except Exception as exc:  # a half-written checkpoint
         out["load_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
         return out
-    full = tiny_run(0, steps, lambda s: None)
     resumed = tiny_run(out["step"], steps, lambda s: None, state)
     out["resume_diff"] = float((full - resumed).abs().max())
     return out

@@ -5,14 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-
-def _learner(name: str) -> Any:
-    import __main__
-
-    ns = vars(__main__)
-    if name not in ns:
-        raise NameError(f"{name!r} is not defined on this engine: run the cells above first")
-    return ns[name]
+from .common import learner
 
 
 def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
@@ -37,7 +30,7 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
     from ..torch_dist.record import timeline_mlp
     from ..torch_dist.train import flat_params
 
-    cls = _learner(cls_name)
+    cls = learner(cls_name)
     rank, p = dist.get_rank(), dist.get_world_size()
     gen = torch.Generator().manual_seed(100 + rank)
     data = [(torch.randn(batch, width, generator=gen),

@@ -13,7 +13,8 @@ What this sub-package decides, in one place:
 Modules: :mod:`.spec` (pure: roles, ClusterSpec, TF_CONFIG), :mod:`.servers` (tasks on the
 engines), :mod:`.wiring` (unit 4's hand-started servers: ports, adoption, training calls),
 :mod:`.coordinator` (unit 5's kernel-side strategy), :mod:`.graph_v1` (unit 4's
-``tf.compat.v1`` sessions, traffic and step guard), :mod:`.quiet` (TensorFlow, quietly).
+``tf.compat.v1`` sessions, traffic and step guard), :mod:`.quiet` (TensorFlow, quietly),
+:mod:`.faults` and :mod:`.task_server` (unit 8's drills: one process per task, killed alone).
 Importing this package does not import TensorFlow.
 """
 

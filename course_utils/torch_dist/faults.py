@@ -130,6 +130,29 @@ def engine_train_then_die(die_rank: int = 1, die_step: int = 5, steps: int = 20)
     return f"rank {rank}: finished {steps} steps"
 
 
+def run_die_drill(cluster: CourseCluster | None = None, die_rank: int = 1, die_step: int = 5,
+                  steps: int = 20, timeout: float = 30.0) -> dict[int, str]:
+    """Run :func:`engine_train_then_die` on every rank and wait (at most ``timeout`` s) for the
+    ranks that survive: what each of them got from gloo. The dead rank's engine never answers,
+    so it is not waited for (the controller would notice only at its next heartbeat); replace
+    the engines afterwards with ``cu.restart()``."""
+    cc = cluster or current()
+    handles = {info.rank: cc.client[info.engine_id].apply_async(
+        engine_train_then_die, die_rank, die_step, steps) for info in cc.ranks}
+    out: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    for rank, handle in sorted(handles.items()):
+        if rank == die_rank:
+            continue
+        try:
+            out[rank] = str(handle.get(timeout=max(0.1, deadline - time.monotonic())))
+        except Exception as exc:  # a timeout, or the engine went too
+            out[rank] = f"no answer: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    out[die_rank] = f"rank {die_rank}: its process ended with os._exit(1) at step {die_step}"
+    cc.flags["pg_broken"] = True
+    return dict(sorted(out.items()))
+
+
 def start_elastic(ckpt_dir: str, steps: int = 12, crash_at: int = 6, nproc: int = 2,
                   max_restarts: int = 1) -> dict[str, Any]:
     """Start :mod:`course_utils.torch_dist.elastic_demo` under ``torchrun --standalone`` on this

@@ -1,13 +1,23 @@
-"""Measurements of the performance unit (``07_performance``): scaling and DDP options.
+"""Measurements of the performance unit (``07_performance``): scaling, DDP options, and the
+learner's ring of ``01_collectives`` on the sweep's axes.
 
 Every ``engine_*`` function runs on the engines (``cluster.run``) and is *collective* unless it
-says otherwise. They return plain numbers for the notebook's tables.
+says otherwise. They return plain numbers; the other functions turn them into table rows in the
+kernel. Timings on a shared CPU machine are noisy, so every measurement here takes turns with
+the others it is compared with (round after round), keeps the medians and reports the noise.
 """
 
 from __future__ import annotations
 
+import json
+import statistics
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
+
+#: The scaling table's configurations, in the order they take turns in each round.
+SCALING_KINDS = ("one_rank", "ddp", "ddp_bucket_view", "no_sync")
 
 
 def _batches(global_batch: int, steps: int, in_features: int, seed: int = 0) -> list[Any]:
@@ -18,21 +28,20 @@ def _batches(global_batch: int, steps: int, in_features: int, seed: int = 0) -> 
              torch.randint(0, 10, (global_batch,), generator=gen)) for _ in range(steps)]
 
 
-def engine_scaling(global_batch: int = 128, steps: int = 8, width: int = 512, depth: int = 4,
-                   bucket_cap_mb: float = 25.0, gradient_as_bucket_view: bool = False,
-                   warmup: int = 2) -> dict[str, Any]:
-    """*Collective.* The same work (``steps`` global batches of ``global_batch`` samples) done
-    three ways, timed on this rank:
+def engine_scaling(global_batch: int = 128, rounds: int = 15, width: int = 256, depth: int = 4,
+                   bucket_cap_mb: float = 25.0, warmup: int = 3) -> dict[str, Any]:
+    """*Collective.* The same work (global batches of ``global_batch`` samples) done four ways,
+    taking turns in each of ``warmup + rounds`` rounds so that a burst of load on the machine
+    hits all four alike:
 
-    * ``one_rank``: rank 0 alone, whole global batches, no communication (other ranks wait);
-    * ``ddp``: every rank, ``global_batch / p`` samples per step, DDP all-reduces gradients;
-    * ``ddp_no_sync``: the same steps inside ``no_sync()``: compute only, no communication.
+    * ``one_rank``: rank 0 alone, the whole global batch, no communication (others wait);
+    * ``ddp``: every rank ``global_batch / p`` samples, DDP all-reduces the gradients;
+    * ``ddp_bucket_view``: the same with ``gradient_as_bucket_view=True``;
+    * ``no_sync``: the ``ddp`` model's step inside ``no_sync()``: compute only.
 
-    Returns seconds per step for each (median over steps) and ``comm_s = ddp - ddp_no_sync``,
-    the time per step the ranks spend communicating that backward does not hide.
+    Returns the seconds of every measured round for each (the slowest rank's, max-reduced),
+    and the gradient bytes. :func:`scaling_table` turns them into rows.
     """
-    import statistics
-
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -41,63 +50,233 @@ def engine_scaling(global_batch: int = 128, steps: int = 8, width: int = 512, de
     from .record import timeline_mlp
 
     rank, p = dist.get_rank(), dist.get_world_size()
-    data = _batches(global_batch, steps + warmup, width)
+    data = _batches(global_batch, 4, width)
     per = global_batch // p
+    alone = timeline_mlp(width, depth)
+    alone_opt = torch.optim.SGD(alone.parameters(), lr=0.01)
+    models = {view: DDP(timeline_mlp(width, depth), bucket_cap_mb=bucket_cap_mb,
+                        gradient_as_bucket_view=view) for view in (False, True)}
+    opts = {view: torch.optim.SGD(m.parameters(), lr=0.01) for view, m in models.items()}
 
-    def timed(step: Any) -> float:
-        times = []
-        for i, (x, y) in enumerate(data):
+    def one_rank(x: Any, y: Any) -> None:
+        if rank == 0:
+            alone_opt.zero_grad(set_to_none=True)
+            F.cross_entropy(alone(x), y).backward()
+            alone_opt.step()
+
+    def ddp_step(view: bool, x: Any, y: Any) -> None:
+        opts[view].zero_grad(set_to_none=True)
+        sl = slice(rank * per, (rank + 1) * per)
+        F.cross_entropy(models[view](x[sl]), y[sl]).backward()
+        opts[view].step()
+
+    def no_sync(x: Any, y: Any) -> None:
+        with models[False].no_sync():
+            ddp_step(False, x, y)
+
+    steps = {"one_rank": one_rank, "ddp": lambda x, y: ddp_step(False, x, y),
+             "ddp_bucket_view": lambda x, y: ddp_step(True, x, y), "no_sync": no_sync}
+    times: dict[str, list[float]] = {k: [] for k in SCALING_KINDS}
+    for i in range(warmup + rounds):
+        x, y = data[i % len(data)]
+        for kind in SCALING_KINDS:
             dist.barrier()
             t0 = time.perf_counter()
-            step(x, y)
+            steps[kind](x, y)
+            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(dt, op=dist.ReduceOp.MAX)   # the slowest rank sets the pace
             if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    one = 0.0
-    if rank == 0:
-        model = timeline_mlp(width, depth)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        times = []
-        for i, (x, y) in enumerate(data):
-            t0 = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-            if i >= warmup:
-                times.append(time.perf_counter() - t0)
-        one = statistics.median(times)
-    dist.barrier()
-
-    ddp = DDP(timeline_mlp(width, depth), bucket_cap_mb=bucket_cap_mb,
-              gradient_as_bucket_view=gradient_as_bucket_view)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-
-    def ddp_step(x: Any, y: Any) -> None:
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(ddp(x[rank * per:(rank + 1) * per]), y[rank * per:(rank + 1) * per]
-                        ).backward()
-        opt.step()
-
-    def local_step(x: Any, y: Any) -> None:
-        with ddp.no_sync():
-            ddp_step(x, y)
-
-    t_ddp = timed(ddp_step)
-    t_local = timed(local_step)
-    return {"rank": rank, "world_size": p, "one_rank_s": one, "ddp_s": t_ddp,
-            "no_sync_s": t_local, "comm_s": max(0.0, t_ddp - t_local),
-            "grad_bytes": sum(q.numel() * 4 for q in ddp.parameters()),
-            "samples_per_step": global_batch}
+                times[kind].append(float(dt.item()))
+    return {"rank": rank, "world_size": p, "seconds": times, "samples_per_step": global_batch,
+            "grad_bytes": sum(q.numel() * 4 for q in models[False].parameters())}
 
 
-def scaling_row(results: list[dict[str, Any]]) -> dict[str, float]:
-    """One row of the scaling table from :func:`engine_scaling`'s per-rank results (kernel side):
-    samples/s on 1 and on p ranks, their ratio (ideal: p), the communication share."""
-    one = results[0]["one_rank_s"]
-    ddp = max(r["ddp_s"] for r in results)
-    comm = max(r["comm_s"] for r in results)
-    n = results[0]["samples_per_step"]
-    return {"ranks": results[0]["world_size"], "one_rank_samples_s": n / one,
-            "ddp_samples_s": n / ddp, "speedup": one / ddp, "comm_ms": comm * 1e3,
-            "comm_share": comm / ddp}
+def _quartiles(xs: Sequence[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def scaling_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows of the scaling table from one rank's :func:`engine_scaling` result (kernel side).
+
+    Each row: ``name``, median ``step_ms``, ``samples_s`` (samples per second), ``speedup``
+    over one rank (ideal: p), ``noise`` (the interquartile range of the rounds over their
+    median: how far one more measurement may land), and for DDP rows ``comm_ms``, the median
+    over rounds of ``ddp - no_sync`` (paired within each round): communication backward did
+    not hide.
+    """
+    secs, n, p = result["seconds"], result["samples_per_step"], result["world_size"]
+    one = statistics.median(secs["one_rank"])
+    names = {"one_rank": "1 rank, whole batch", "ddp": f"{p} ranks, DDP",
+             "ddp_bucket_view": f"{p} ranks, DDP + gradient_as_bucket_view",
+             "no_sync": f"{p} ranks, no_sync (no communication)"}
+    rows = []
+    for kind in SCALING_KINDS:
+        q1, med, q3 = _quartiles(secs[kind])
+        row = {"kind": kind, "name": names[kind], "step_ms": med * 1e3, "samples_s": n / med,
+               "speedup": one / med, "noise": (q3 - q1) / med, "comm_ms": None}
+        if kind.startswith("ddp"):
+            paired = [a - b for a, b in zip(secs[kind], secs["no_sync"], strict=True)]
+            row["comm_ms"] = statistics.median(paired) * 1e3
+        rows.append(row)
+    return rows
+
+
+def flag_effect(rows: Sequence[dict[str, Any]]) -> str:
+    """One sentence on ``gradient_as_bucket_view``: the two DDP rows' difference next to the
+    noise of those rows, and whether the measurement can tell them apart."""
+    by = {r["kind"]: r for r in rows}
+    a, b = by["ddp"], by["ddp_bucket_view"]
+    diff = (b["step_ms"] - a["step_ms"]) / a["step_ms"]
+    noise = max(a["noise"], b["noise"])
+    verdict = ("smaller than the noise: this run cannot tell the two apart"
+               if abs(diff) <= noise else
+               "larger than the noise" + (": the view helped" if diff < 0 else
+                                          ": the view was slower here"))
+    return (f"gradient_as_bucket_view changed the step time by {diff:+.0%}; the rounds of "
+            f"those rows spread by {noise:.0%} (interquartile range): {verdict}.")
+
+
+def format_scaling(rows: Sequence[dict[str, Any]]) -> str:
+    """The scaling table as text."""
+    out = [f"{'':45} {'step (ms)':>9} {'samples/s':>10} {'speed-up':>9} {'noise':>6} "
+           f"{'comm (ms)':>10}"]
+    for r in rows:
+        comm = "" if r["comm_ms"] is None else f"{r['comm_ms']:.2f}"
+        out.append(f"{r['name']:45} {r['step_ms']:>9.2f} {r['samples_s']:>10.0f} "
+                   f"{r['speedup']:>9.2f} {r['noise']:>6.0%} {comm:>10}")
+    return "\n".join(out)
+
+
+# ---- the learner's ring of unit 1 on the sweep's axes -------------------------------------
+RING_NAME = "ring_all_reduce"
+RING_CELL = "ex1-solution"
+
+
+def ring_source(notebook: str | Path = "01_collectives.ipynb", grade_id: str = RING_CELL
+                ) -> str:
+    """The code of the learner's ring cell from their unit-1 notebook (kernel side; the
+    ``%%px`` line removed), read from the saved file next to this one. Raises
+    :class:`FileNotFoundError` or :class:`KeyError` saying what is missing."""
+    path = Path(notebook)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: this unit reads your ring from unit 1's "
+                                "notebook in the same folder")
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    for cell in nb.get("cells", []):
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
+            src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+            return "\n".join(ln for ln in src.splitlines() if not ln.startswith("%%px"))
+    raise KeyError(f"{path} has no cell {grade_id!r} (the ring exercise)")
+
+
+def engine_ring_ok(fn_name: str = RING_NAME, n: int = 1001, seconds: float = 5.0) -> str:
+    """*Collective.* Run the ``%%px`` ring ``fn_name`` once under a point-to-point watchdog
+    and compare with the true sum: ``"ok"`` or what is wrong (not written, wrong, stuck)."""
+    import torch
+    import torch.distributed as dist
+
+    import __main__
+
+    from .collectives import p2p_watchdog
+
+    fn = vars(__main__).get(fn_name)
+    if fn is None:
+        return f"{fn_name} is not defined"
+    rank = dist.get_rank()
+    x = torch.arange(n, dtype=torch.float32) + rank
+    want = torch.zeros(n)
+    for r in range(dist.get_world_size()):
+        want += torch.arange(n, dtype=torch.float32) + r
+    try:
+        with p2p_watchdog(seconds=seconds):
+            fn(x)
+    except NotImplementedError:
+        problem = "not written yet (NotImplementedError)"
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+    else:
+        problem = "" if torch.allclose(x, want) else "a wrong sum"
+    flag = torch.tensor([1.0 if problem else 0.0])
+    dist.all_reduce(flag)                                   # ok only if ok on every rank
+    return problem or ("ok" if flag.item() == 0 else "wrong on another rank")
+
+
+def engine_sweep_pair(sizes: Sequence[int], fn_name: str = RING_NAME, iters: int = 7,
+                      warmup: int = 1) -> dict[str, Any]:
+    """*Collective.* For each size (bytes, float32): the median seconds of ``dist.all_reduce``
+    and of the ``%%px`` ring ``fn_name``, measured in turns
+    (:func:`course_utils.torch_dist.collectives.engine_compare`), the slowest rank's time."""
+    import torch
+    import torch.distributed as dist
+
+    import __main__
+
+    from .collectives import engine_compare
+
+    fn = vars(__main__)[fn_name]
+    out: dict[str, list[float]] = {"dist.all_reduce": [], fn_name: []}
+    for nbytes in sizes:
+        t = torch.full((max(1, int(nbytes) // 4),), 1e-3)
+        got = engine_compare({"dist.all_reduce": lambda t=t: dist.all_reduce(t),
+                              fn_name: lambda t=t: fn(t)}, iters=iters, warmup=warmup)
+        for name, s in got.items():
+            out[name].append(s)
+    return {"sizes": [max(1, int(s) // 4) * 4 for s in sizes], "seconds": out,
+            "world_size": dist.get_world_size()}
+
+
+def load_ring(cluster: Any = None, notebook: str | Path = "01_collectives.ipynb") -> str:
+    """Copy the learner's ``ring_all_reduce`` from their saved unit-1 notebook onto every
+    engine and check it once (bounded by a watchdog). Returns ``"ok"`` or what is wrong; the
+    performance unit then measures it next to ``dist.all_reduce`` (kernel side)."""
+    from ..cluster import current
+
+    cc = cluster or current()
+    try:
+        src = ring_source(notebook)
+        cc.view.execute("import torch\nimport torch.distributed as dist\n" + src,
+                        block=False).get(timeout=60)
+    except Exception as exc:  # no notebook, no cell, or the learner's cell does not run
+        return f"not loaded: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    return str(cc.run(engine_ring_ok, timeout=60)[0])
+
+
+def sweep(sizes: Sequence[int], with_ring: bool = True, iters: int = 7,
+          cluster: Any = None) -> dict[str, Any]:
+    """The message-size sweep of ``07_performance`` (kernel side): median seconds per size of
+    ``dist.all_reduce`` and, if ``with_ring``, of the learner's ring, taking turns at every
+    size. Returns ``{"sizes": [...], "seconds": {name: [...]}}``."""
+    from ..cluster import current
+    from .record import engine_sweep_all_reduce
+
+    cc = cluster or current()
+    if with_ring:
+        res = cc.run(engine_sweep_pair, list(sizes), RING_NAME, iters, timeout=300)[0]
+        secs = {"dist.all_reduce": res["seconds"]["dist.all_reduce"],
+                f"your {RING_NAME} (unit 1)": res["seconds"][RING_NAME]}
+        return {"sizes": res["sizes"], "seconds": secs}
+    res = cc.run(engine_sweep_all_reduce, list(sizes), iters, timeout=300)
+    worst = [max(r["seconds"][i] for r in res) for i in range(len(sizes))]
+    return {"sizes": res[0]["sizes"], "seconds": {"dist.all_reduce": worst}}
+
+
+def format_sweep(measured: dict[str, Any], p: int) -> str:
+    """The sweep as a table: per size and implementation, time (us), algbw and busbw (MB/s)."""
+    from .collectives import algbw, busbw
+
+    names = list(measured["seconds"])
+    head = f"{'bytes':>9}"
+    for name in names:
+        short = name if len(name) <= 24 else name[:23] + "…"
+        head += f" | {short:^34}"
+    sub = f"{'':>9}" + " | {:>10} {:>11} {:>11}".format("time (us)", "algbw MB/s",
+                                                          "busbw MB/s") * len(names)
+    rows = [head, sub]
+    for i, n in enumerate(measured["sizes"]):
+        line = f"{int(n):>9}"
+        for name in names:
+            t = measured["seconds"][name][i]
+            line += f" | {t * 1e6:>10.1f} {algbw(n, t) * 1e3:>11.2f} {busbw(n, t, p) * 1e3:>11.2f}"
+        rows.append(line)
+    return "\n".join(rows)

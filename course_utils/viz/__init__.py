@@ -19,7 +19,7 @@ from __future__ import annotations
 from . import cheatsheet, cost, live, ps, ring, style, tf_pictures, timeline
 from .cheatsheet import collectives_cheatsheet
 from .collectives import bandwidth_bars, per_rank_tensors, ring_trace
-from .cost import cost_model, describe_fit, fit_alpha_beta, predict
+from .cost import cost_model, describe_fit, fit_alpha_beta, predict, sweep_compare
 from .live import LiveFigure, live_training, watch
 from .pictures import cluster_picture, data_parallel_picture
 from .ps import closure_timeline, placement_diagram, ps_step_timeline, ps_traffic, staleness
@@ -35,5 +35,5 @@ __all__ = ["LiveFigure", "bandwidth_bars", "cheatsheet", "closure_timeline", "cl
            "live_training", "overlap_fraction", "per_rank_curves", "per_rank_tensors",
            "placement_diagram", "predict", "ps", "ps_cluster", "ps_step_timeline", "ps_traffic",
            "ps_vs_all_reduce", "replay_frames", "replica_divergence", "ring", "ring_frame",
-           "ring_replay", "ring_trace", "show", "staleness", "style", "tf_pictures", "timeline",
-           "watch"]
+           "ring_replay", "ring_trace", "show", "staleness", "style", "sweep_compare",
+           "tf_pictures", "timeline", "watch"]

@@ -138,3 +138,47 @@ def cost_model(nbytes: Sequence[float], seconds: Sequence[float], p: int,
     ax2.legend(loc="lower right")
     fig.tight_layout()
     return fig
+
+
+@styled
+def sweep_compare(nbytes: Sequence[float], series: dict[str, Sequence[float]], p: int,
+                  fit: dict[str, float] | None = None, title: str | None = None) -> Any:
+    """Several all-reduce implementations on the same axes (``07_performance``: gloo's
+    ``dist.all_reduce`` and the learner's ring of ``01_collectives``). Left: time vs message
+    size (log-log), with the ring prediction of ``fit`` if given. Right: busbw vs size, the
+    bandwidth each link carried (``n/t · 2(p-1)/p``). ``series`` maps a name to seconds."""
+    plt = _plt()
+    n = np.asarray(nbytes, dtype=float)
+    if not series:
+        raise ValueError("series is empty: pass {name: seconds per size}")
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    factor = 2 * (p - 1) / p
+    colours = [ROLE["measured"], ROLE["comm"], ROLE["ring"], ROLE["tree"]]
+    for k, (name, secs) in enumerate(series.items()):
+        t = np.asarray(secs, dtype=float)
+        if t.shape != n.shape:
+            raise ValueError(f"{name}: {t.size} times for {n.size} sizes")
+        colour, marker = colours[k % len(colours)], "os^v"[k % 4]
+        ax.loglog(n, t * 1e3, marker + "-", color=colour, linewidth=1.8, markersize=6,
+                  label=name)
+        ax2.semilogx(n, n / t * factor / 1e6, marker + "-", color=colour, linewidth=1.8,
+                     markersize=6, label=name)
+    if fit is not None:
+        grid = np.logspace(np.log10(n.min()), np.log10(n.max()), 100)
+        ax.loglog(grid, predict("ring", grid, p, fit["alpha"], fit["beta"]) * 1e3, "--",
+                  color="0.5", linewidth=1.5, label="alpha-beta fit (ring)")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("time (ms)")
+    ax.set_title(title or f"all-reduce time on {p} ranks")
+    ax2.set_xlabel("message size (bytes)")
+    ax2.set_ylabel("busbw (MB/s)")
+    ax2.set_title(f"busbw = n/t · 2(p-1)/p = n/t · {factor:.2f}")
+    ticks = [v for v in 4.0 ** np.arange(0, 16) if n.min() <= v <= n.max()]
+    for a in (ax, ax2):
+        a.grid(True, which="major", alpha=0.3)
+        if ticks:
+            a.set_xticks(ticks, [human_bytes(v) for v in ticks], rotation=30)
+            a.minorticks_off()
+        a.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
