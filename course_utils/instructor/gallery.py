@@ -65,6 +65,49 @@ def px_cells(notebook: str | Path, through: str) -> str:
     return "\n\n".join(cells[:last])
 
 
+def px_code(notebook: str | Path, ids: list[str] | tuple[str, ...]) -> str:
+    """The code of the cells of ``notebook`` named by ``ids`` (nbgrader ``grade_id``, else the
+    cell id), in the order given, each without its ``%%px`` line. Stable across edits of the
+    text around them, unlike "every ``%%px`` cell up to a definition"."""
+    nb = json.loads(Path(notebook).read_text())
+    by_id: dict[str, str] = {}
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        lines = src.splitlines()
+        code = "\n".join(lines[1:]) if lines and lines[0].startswith("%%px") else src
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        for key in (grade_id, cell.get("id")):
+            if key:
+                by_id.setdefault(key, code)
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise LookupError(f"{Path(notebook).name} has no code cell with the id(s) {missing}")
+    return "\n\n".join(by_id[i] for i in ids)
+
+
+#: Unit 4's cells that define ``build_graph``, ``original_graph`` and ``train`` on the engines
+#: (torch before TensorFlow, as the notebook's first ``%%px`` cell does).
+UNIT4_CELLS = ("bridge-graph", "ex2-solution", "original-place-fn", "ex3-solution")
+#: The two graphs unit 4 compares, as ``engine_placement`` takes them (label, function name).
+UNIT4_PLACEMENT = [("the original program", "original_graph"), ("repaired", "build_graph")]
+
+
+def load_unit4(cc: Any, num_ps: int = 2) -> Any:
+    """Unit 4 as the notebook leaves it after exercise 3, on ``cc``'s engines: one server per
+    task (``tf_dist.start_servers``, standing in for exercise 1) and the notebook's own
+    ``build_graph``, ``original_graph`` and ``train`` (solution cells, by id). Returns the
+    ``TFCluster``. Used by the gallery and tests/test_viz_tf.py."""
+    from .. import tf_dist
+
+    cc.view.execute("import torch\nimport numpy as np", block=False).get(timeout=120)
+    tfc = tf_dist.start_servers(cc, num_ps=num_ps)
+    cc.view.execute(px_code(NOTEBOOKS / "04_tf_classic_ps.ipynb", UNIT4_CELLS),
+                    block=False).get(timeout=180)
+    return tfc
+
+
 def _save(fig: Any, out: Path, name: str) -> str:
     import matplotlib.pyplot as plt
 
@@ -143,6 +186,11 @@ def write_index(out: Path, items: list[Item], seconds: float) -> Path:
     return path
 
 
+#: Unit 1's cells behind its figures: the recorder set-up and ``ring_all_reduce`` (solution).
+UNIT1_CELLS = ("setup-px", "ex1-solution")
+#: Unit 2's: data, broadcast, the original loop (``spread_original``), the step and its driver.
+UNIT2_CELLS = ("data", "bcast", "original", "ex1-solution", "ex1-driver")
+
 #: The figures, in the order they are made (name, title).
 FIGURES = [
     ("ring_replay", "Ring all-reduce replay, step by step (unit 1)"),
@@ -154,11 +202,11 @@ FIGURES = [
     ("ddp_timeline", "DDP timeline, bucket_cap_mb compared (unit 3, performance unit)"),
     ("live_training", "Live training view, final frame (unit 3)"),
     ("per_rank_curves", "Per-rank loss curves (unit 3)"),
-    ("replica_divergence", "Replica divergence: seed vs fixed (unit 2)"),
+    ("replica_divergence", "Replica divergence: original program vs fixed (unit 2)"),
     ("ps_traffic", "Parameter-server traffic per worker and shard (unit 4)"),
     ("ps_staleness", "Staleness, async vs sync (unit 4)"),
     ("ps_step_timeline", "Step timeline per worker, async vs sync (unit 4)"),
-    ("ps_placement", "Op placement: the seed vs repaired (unit 4)"),
+    ("ps_placement", "Op placement: the original program vs repaired (unit 4)"),
     ("closure_timeline", "A worker lost: closures failed, put back, retried (unit 5)"),
 ]
 
@@ -208,7 +256,7 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
     cc = _cluster(ranks, f"gallery{ranks}")
     try:
         init(cc, backend="gloo")
-        cc.view.execute(px_cells(nb01, "ring_all_reduce"), block=False).get(timeout=120)
+        cc.view.execute(px_code(nb01, UNIT1_CELLS), block=False).get(timeout=120)
         run = (f"01_collectives' ring_all_reduce (the solution cell) on {ranks} gloo ranks, "
                f"a {2 * ranks}-element buffer, every send recorded")
 
@@ -249,7 +297,7 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
         init(cc, backend="gloo")
         p = cc.world_size
         nb01 = NOTEBOOKS / "01_collectives.ipynb"
-        cc.view.execute(px_cells(nb01, "ring_all_reduce"), block=False).get(timeout=120)
+        cc.view.execute(px_code(nb01, UNIT1_CELLS), block=False).get(timeout=120)
         nbytes = 8 * 2**20
 
         def bars() -> Any:
@@ -297,14 +345,15 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
 
         def divergence() -> Any:
             nb02 = NOTEBOOKS / "02_data_parallel_from_scratch.ipynb"
-            cc.view.execute(px_cells(nb02, "train_data_parallel"), block=False).get(timeout=180)
-            seed = cc.pull("spread_seed")[0]
+            cc.push({"STEPS": 30, "LR": 0.5, "BATCH": 32})  # unit 2's setup cell
+            cc.view.execute(px_code(nb02, UNIT2_CELLS), block=False).get(timeout=180)
+            seed = cc.pull("spread_original")[0]
             fixed = cc.call("train_data_parallel", timeout=120)[0][1]
-            return viz.replica_divergence({"seed: all_reduce(loss) after step()": seed,
+            return viz.replica_divergence({"original: all_reduce(loss) after step()": seed,
                                            "fixed: all_reduce(grad) / p before step()": fixed})
 
         gal.figure("replica_divergence", FIGURES[9][1],
-                   f"02's %%px cells (seed loop and solution) for 30 steps on {p} ranks",
+                   f"02's %%px cells (original loop and solution) for 30 steps on {p} ranks",
                    divergence)
         if tf:
             destroy(cc)  # no process group on the fresh engines TensorFlow gets
@@ -319,32 +368,29 @@ def _tf_part(gal: Gallery, cc: Any) -> None:
     from ..tf_dist import record as trec
     from ..viz import ps as pt
 
-    nb04 = NOTEBOOKS / "04_tf_classic_ps.ipynb"
-    # Unit 4's cells import torch for its bridge; as in the notebook, torch must load before
-    # TensorFlow does on an engine (course_utils.compat), so the servers come after it.
-    cc.view.execute("import torch", block=True)
-    tf_dist.start_servers(cc, num_ps=2)
     runs: dict[str, Any] = {}
     steps = 60
 
     def traffic() -> Any:
-        cc.view.execute(px_cells(nb04, "train"), block=False).get(timeout=180)
-        for mode, sync in (("async", False), ("sync", True)):
-            tf_dist.reset_ps(cc)
-            runs[mode] = [r for r in cc.run(trec.engine_record_ps, steps, sync, timeout=180)
-                          if r]
+        load_unit4(cc, num_ps=2)
+        runs.update(trec.record_ps(cc, steps))
         return pt.ps_traffic(runs)
 
-    run4 = (f"04's build_graph and train (solution cells) on 2 workers + 2 ps tasks, "
-            f"{steps} global steps async then sync")
+    def recorded() -> dict[str, Any]:
+        if not runs:
+            raise RuntimeError("no recording to draw: the ps_traffic figure, which records the "
+                               "runs, failed (its error is above)")
+        return runs
+
+    run4 = (f"04's build_graph and train (solution cells, by id) on 2 workers + 2 ps tasks, "
+            f"tf_dist.record.record_ps: {steps} global steps async then sync")
     gal.figure("ps_traffic", FIGURES[10][1], run4, traffic)
-    gal.figure("ps_staleness", FIGURES[11][1], run4, lambda: pt.staleness(runs))
-    gal.figure("ps_step_timeline", FIGURES[12][1], run4, lambda: pt.ps_step_timeline(runs))
+    gal.figure("ps_staleness", FIGURES[11][1], run4, lambda: pt.staleness(recorded()))
+    gal.figure("ps_step_timeline", FIGURES[12][1], run4,
+               lambda: pt.ps_step_timeline(recorded()))
     gal.figure("ps_placement", FIGURES[13][1],
-               "04's seed_graph and build_graph, placement of one step's ops on worker 1",
-               lambda: pt.placement_diagram(next(p for p in cc.run(
-                   trec.engine_placement, [("the seed", "seed_graph"), ("repaired", "build_graph")],
-                   timeout=60)[::-1] if p)))
+               "04's original_graph and build_graph, placement of one step's ops on worker 1",
+               lambda: pt.placement_diagram(trec.placement(cc, UNIT4_PLACEMENT)))
     tf_dist.teardown(cc)
     gal.figure("closure_timeline", FIGURES[14][1],
                "ParameterServerStrategy, coordinator in this process, 2 workers + 2 ps; 150 "
