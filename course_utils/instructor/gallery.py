@@ -230,6 +230,8 @@ def run(outdir: str | Path, ring_ranks: int = 4, tf: bool = True) -> list[Item]:
         _torch_part(gal, tf)
     finally:
         gal.close()
+    order = [name for name, _ in FIGURES]
+    gal.items.sort(key=lambda it: order.index(it.name) if it.name in order else len(order))
     index = write_index(out, gal.items, time.perf_counter() - t0)
     print(f"viz-gallery: {len(gal.items)} figures in {time.perf_counter() - t0:.0f} s -> {index}")
     return gal.items
@@ -290,10 +292,14 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
 def _torch_part(gal: Gallery, tf: bool) -> None:
     from .. import viz
     from ..torch_dist import collectives, record
-    from ..torch_dist.process_group import destroy, init
+    from ..torch_dist.process_group import init
 
     cc = _cluster(2, "gallery2")
     try:
+        if tf:
+            # TensorFlow first, on fresh engines: its servers cannot stop, and the teardown
+            # after them gives the PyTorch figures fresh engines (one engine restart in all).
+            _tf_part(gal, cc)
         init(cc, backend="gloo")
         p = cc.world_size
         nb01 = NOTEBOOKS / "01_collectives.ipynb"
@@ -355,10 +361,6 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
         gal.figure("replica_divergence", FIGURES[9][1],
                    f"02's %%px cells (original loop and solution) for 30 steps on {p} ranks",
                    divergence)
-        if tf:
-            destroy(cc)  # no process group on the fresh engines TensorFlow gets
-            cc.restart()
-            _tf_part(gal, cc)
     finally:
         cc.stop(force=True)
 
@@ -369,7 +371,7 @@ def _tf_part(gal: Gallery, cc: Any) -> None:
     from ..viz import ps as pt
 
     runs: dict[str, Any] = {}
-    steps = 60
+    steps = 40
 
     def traffic() -> Any:
         load_unit4(cc, num_ps=2)
@@ -391,7 +393,6 @@ def _tf_part(gal: Gallery, cc: Any) -> None:
     gal.figure("ps_placement", FIGURES[13][1],
                "04's original_graph and build_graph, placement of one step's ops on worker 1",
                lambda: pt.placement_diagram(trec.placement(cc, UNIT4_PLACEMENT)))
-    tf_dist.teardown(cc)
     gal.figure("closure_timeline", FIGURES[14][1],
                "ParameterServerStrategy, coordinator in this process, 2 workers + 2 ps; 150 "
                "timed closures, rank 1 (worker:1) killed 0.05 s after scheduling them",
@@ -405,7 +406,11 @@ def _lost_worker(cc: Any, n: int = 150) -> Any:
     from ..tf_dist import record as trec
     from ..viz import ps as pt
 
-    tfc = tf_dist.start_servers(cc, num_ps=2, num_workers=2)
+    tfc = tf_dist.active()
+    if tfc is None or sorted(tfc.cluster) != ["ps", "worker"] or len(tfc.cluster["ps"]) != 2:
+        tfc = tf_dist.start_servers(cc, num_ps=2, num_workers=2)
+    else:  # unit 4's servers (same roles): cleared, they serve the coordinator as well
+        tf_dist.reset_ps(cc, tfc)
     tf = tf_dist.quiet_tensorflow()
     strategy = tf_dist.connect_coordinator(tfc, cluster=cc)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
