@@ -1,15 +1,16 @@
 """``course viz-gallery OUTDIR``: every figure of the course, from real runs, on one page.
 
-How a reviewer looks at every figure at once. The runs are the course's own: the ``%%px`` cells
-of the instructor's notebooks (solutions included) are executed on real engines, then the same
-recorders and figure functions the notebooks use draw each figure. Steps:
+How a reviewer looks at every figure at once. The runs are the course's own: ``%%px`` cells of
+the instructor's notebooks (solutions included), picked by their nbgrader ids (:func:`px_code`),
+are executed on real engines, then the same recorders and figure functions the notebooks use
+draw each figure. Steps:
 
 1. a 4-engine cluster (a ring on 2 ranks is one message per phase): the ring replay (PNG + an
    HTML animation), the recorded ring trace, the collectives cheat sheet, per-rank tensors;
-2. a 2-engine cluster: bandwidth bars, the cost model, the DDP timeline, the live training view,
-   per-rank curves, replica divergence;
-3. TensorFlow servers on the same 2 engines: unit 4's traffic, staleness, step timeline and
-   placement, then unit 5's lost worker.
+2. a 2-engine cluster, TensorFlow first while the engines are fresh: unit 4's traffic,
+   staleness, step timeline and placement (:func:`load_unit4`), then unit 5's lost worker on
+   the same servers; the teardown replaces the engines, and on them: bandwidth bars, the cost
+   model, the DDP timeline, the live training view, per-rank curves, replica divergence.
 
 Writes ``OUTDIR/<name>.png`` (and ``.html`` for the animation) and ``OUTDIR/index.html``.
 Small sizes throughout: the whole gallery takes a few minutes on a 2-core machine.

@@ -5,11 +5,14 @@ learner's own ``build_graph`` and records, for every step of this worker, when i
 ``global_step`` just before it read the variables and just after its update (staleness), and
 which tensors the graph sends between tasks (bytes per step, per ps shard).
 :func:`engine_placement` lists where the key ops of a graph were placed and the bytes that cross
-tasks, for the placement diagram.
+tasks, for the placement diagram. In the kernel, :func:`record_ps` (async then sync, each from a
+cleared ps) and :func:`placement` call them; unit 4 draws their results.
 
 Unit 5 (in the kernel, where the coordinator runs): :func:`timed` wraps a scheduled
-``tf.function`` so each closure reports its worker, start and end; :func:`record_coordinator`
-timestamps the coordinator's failure handling (a worker failed, a closure put back).
+``tf.function`` so each closure reports its worker, start and end; the coordinator's failure
+handling (a worker failed, a closure put back) is timestamped by
+:func:`~course_utils.tf_dist.watch_coordinator` (``seen.events``; :func:`record_coordinator`
+yields just those).
 
 TensorFlow is imported only inside the functions.
 """

@@ -110,7 +110,7 @@ def ps_traffic(runs: Mapping[str, Records], title: str | None = None) -> Any:
         for dy, v in ((-0.2, pull), (0.2, push)):
             ax.text(v, i + dy, f" {v:,} B", va="center", fontsize=10)
     ax.set_yticks(range(len(rows)), [f"worker:{r['worker']} ↔ {sh}" for r, sh in rows])
-    ax.set_ylim(len(rows) - 0.4, -0.9)
+    ax.set_ylim(len(rows) - 0.4, -1.6)  # room at the top for the legend
     ax.set_xlabel("bytes per step")
     ax.set_xlim(0, ax.get_xlim()[1] * 1.3)
     ax.set_title(f"one step, batch {first[0]['batch'] if first else '?'}: what each shard "
@@ -120,7 +120,7 @@ def ps_traffic(runs: Mapping[str, Records], title: str | None = None) -> Any:
     ax.legend(handles=[Patch(facecolor=ROLE["pull"], edgecolor="black",
                              label="pulled: variables ps → worker"),
                        Patch(facecolor=ROLE["push"], edgecolor="black", hatch="//",
-                             label="pushed: gradients worker → ps")], loc="lower right")
+                             label="pushed: gradients worker → ps")], loc="upper right")
 
     styles = ["-", "--", ":", "-."]
     t_all = [s["start"] for recs in runs.values() for r in _workers(recs) for s in r["steps"]]
