@@ -88,9 +88,12 @@ def px_code(notebook: str | Path, ids: list[str] | tuple[str, ...]) -> str:
     return "\n\n".join(by_id[i] for i in ids)
 
 
-#: Unit 4's cells that define ``build_graph``, ``original_graph`` and ``train`` on the engines
-#: (torch before TensorFlow, as the notebook's first ``%%px`` cell does).
-UNIT4_CELLS = ("bridge-graph", "ex2-solution", "original-place-fn", "ex3-solution")
+#: Unit 4's cells that define ``build_graph``, ``original_graph`` and ``train`` on the engines.
+UNIT4_CELLS = ("ex2-solution", "original-place-fn", "ex3-solution")
+#: What those cells take from earlier ones (unit 4's bridge and servers cells). Without torch:
+#: nothing here needs it, and it would have to load before TensorFlow (course_utils.compat).
+UNIT4_PRELUDE = ("import numpy as np\nfrom course_utils import tf_dist\n"
+                 "tf = tf_dist.quiet_tensorflow()")
 #: The two graphs unit 4 compares, as ``engine_placement`` takes them (label, function name).
 UNIT4_PLACEMENT = [("the original program", "original_graph"), ("repaired", "build_graph")]
 
@@ -102,10 +105,9 @@ def load_unit4(cc: Any, num_ps: int = 2) -> Any:
     ``TFCluster``. Used by the gallery and tests/test_viz_tf.py."""
     from .. import tf_dist
 
-    cc.view.execute("import torch\nimport numpy as np", block=False).get(timeout=120)
     tfc = tf_dist.start_servers(cc, num_ps=num_ps)
-    cc.view.execute(px_code(NOTEBOOKS / "04_tf_classic_ps.ipynb", UNIT4_CELLS),
-                    block=False).get(timeout=180)
+    code = px_code(NOTEBOOKS / "04_tf_classic_ps.ipynb", UNIT4_CELLS)
+    cc.view.execute(f"{UNIT4_PRELUDE}\n\n{code}", block=False).get(timeout=180)
     return tfc
 
 
