@@ -10,13 +10,29 @@ import time
 
 import pytest
 
-from course_utils.instructor.gallery import FIGURES
+from course_utils.instructor.gallery import (
+    FIGURES,
+    NOTEBOOKS,
+    UNIT1_CELLS,
+    UNIT2_CELLS,
+    UNIT4_CELLS,
+    px_code,
+)
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+def test_px_code_takes_cells_by_their_ids_in_the_order_given():
+    nb04 = NOTEBOOKS / "04_tf_classic_ps.ipynb"
+    code = px_code(nb04, ["ex3-solution", "ex2-solution"])
+    assert "%%px" not in code and code.index("def train(") < code.index("def build_graph(")
+    for nb, ids in (("01_collectives", UNIT1_CELLS), ("02_data_parallel_from_scratch", UNIT2_CELLS),
+                    ("04_tf_classic_ps", UNIT4_CELLS)):
+        compile(px_code(NOTEBOOKS / f"{nb}.ipynb", ids), nb, "exec")  # every id is there
+    with pytest.raises(LookupError, match="no_such_cell"):
+        px_code(nb04, ["ex2-solution", "no_such_cell"])
 
 
-@pytest.mark.skip(reason="the gallery replays unit 4's cells, rewritten after it was "
-                  "built; to be rewired (see this stop's closing note)")
+@pytest.mark.cluster
+@pytest.mark.slow
 def test_viz_gallery_writes_every_figure_from_real_runs(tmp_path):
     out = tmp_path / "gallery"
     env = {**os.environ, "COURSE_CLUSTER_ID": f"pytest-gallery-{os.getpid()}",

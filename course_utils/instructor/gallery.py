@@ -1,15 +1,16 @@
 """``course viz-gallery OUTDIR``: every figure of the course, from real runs, on one page.
 
-How a reviewer looks at every figure at once. The runs are the course's own: the ``%%px`` cells
-of the instructor's notebooks (solutions included) are executed on real engines, then the same
-recorders and figure functions the notebooks use draw each figure. Steps:
+How a reviewer looks at every figure at once. The runs are the course's own: ``%%px`` cells of
+the instructor's notebooks (solutions included), picked by their nbgrader ids (:func:`px_code`),
+are executed on real engines, then the same recorders and figure functions the notebooks use
+draw each figure. Steps:
 
 1. a 4-engine cluster (a ring on 2 ranks is one message per phase): the ring replay (PNG + an
    HTML animation), the recorded ring trace, the collectives cheat sheet, per-rank tensors;
-2. a 2-engine cluster: bandwidth bars, the cost model, the DDP timeline, the live training view,
-   per-rank curves, replica divergence;
-3. TensorFlow servers on the same 2 engines: unit 4's traffic, staleness, step timeline and
-   placement, then unit 5's lost worker.
+2. a 2-engine cluster, TensorFlow first while the engines are fresh: unit 4's traffic,
+   staleness, step timeline and placement (:func:`load_unit4`), then unit 5's lost worker on
+   the same servers; the teardown replaces the engines, and on them: bandwidth bars, the cost
+   model, the DDP timeline, the live training view, per-rank curves, replica divergence.
 
 Writes ``OUTDIR/<name>.png`` (and ``.html`` for the animation) and ``OUTDIR/index.html``.
 Small sizes throughout: the whole gallery takes a few minutes on a 2-core machine.
@@ -63,6 +64,51 @@ def px_cells(notebook: str | Path, through: str) -> str:
     if last < 0:
         raise LookupError(f"no %%px cell of {Path(notebook).name} defines {through!r}")
     return "\n\n".join(cells[:last])
+
+
+def px_code(notebook: str | Path, ids: list[str] | tuple[str, ...]) -> str:
+    """The code of the cells of ``notebook`` named by ``ids`` (nbgrader ``grade_id``, else the
+    cell id), in the order given, each without its ``%%px`` line. Stable across edits of the
+    text around them, unlike "every ``%%px`` cell up to a definition"."""
+    nb = json.loads(Path(notebook).read_text())
+    by_id: dict[str, str] = {}
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        src = "".join(cell["source"])
+        lines = src.splitlines()
+        code = "\n".join(lines[1:]) if lines and lines[0].startswith("%%px") else src
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        for key in (grade_id, cell.get("id")):
+            if key:
+                by_id.setdefault(key, code)
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise LookupError(f"{Path(notebook).name} has no code cell with the id(s) {missing}")
+    return "\n\n".join(by_id[i] for i in ids)
+
+
+#: Unit 4's cells that define ``build_graph``, ``original_graph`` and ``train`` on the engines.
+UNIT4_CELLS = ("ex2-solution", "original-place-fn", "ex3-solution")
+#: What those cells take from earlier ones (unit 4's bridge and servers cells). Without torch:
+#: nothing here needs it, and it would have to load before TensorFlow (course_utils.compat).
+UNIT4_PRELUDE = ("import numpy as np\nfrom course_utils import tf_dist\n"
+                 "tf = tf_dist.quiet_tensorflow()")
+#: The two graphs unit 4 compares, as ``engine_placement`` takes them (label, function name).
+UNIT4_PLACEMENT = [("the original program", "original_graph"), ("repaired", "build_graph")]
+
+
+def load_unit4(cc: Any, num_ps: int = 2) -> Any:
+    """Unit 4 as the notebook leaves it after exercise 3, on ``cc``'s engines: one server per
+    task (``tf_dist.start_servers``, standing in for exercise 1) and the notebook's own
+    ``build_graph``, ``original_graph`` and ``train`` (solution cells, by id). Returns the
+    ``TFCluster``. Used by the gallery and tests/test_viz_tf.py."""
+    from .. import tf_dist
+
+    tfc = tf_dist.start_servers(cc, num_ps=num_ps)
+    code = px_code(NOTEBOOKS / "04_tf_classic_ps.ipynb", UNIT4_CELLS)
+    cc.view.execute(f"{UNIT4_PRELUDE}\n\n{code}", block=False).get(timeout=180)
+    return tfc
 
 
 def _save(fig: Any, out: Path, name: str) -> str:
@@ -143,6 +189,11 @@ def write_index(out: Path, items: list[Item], seconds: float) -> Path:
     return path
 
 
+#: Unit 1's cells behind its figures: the recorder set-up and ``ring_all_reduce`` (solution).
+UNIT1_CELLS = ("setup-px", "ex1-solution")
+#: Unit 2's: data, broadcast, the original loop (``spread_original``), the step and its driver.
+UNIT2_CELLS = ("data", "bcast", "original", "ex1-solution", "ex1-driver")
+
 #: The figures, in the order they are made (name, title).
 FIGURES = [
     ("ring_replay", "Ring all-reduce replay, step by step (unit 1)"),
@@ -154,11 +205,11 @@ FIGURES = [
     ("ddp_timeline", "DDP timeline, bucket_cap_mb compared (unit 3, performance unit)"),
     ("live_training", "Live training view, final frame (unit 3)"),
     ("per_rank_curves", "Per-rank loss curves (unit 3)"),
-    ("replica_divergence", "Replica divergence: seed vs fixed (unit 2)"),
+    ("replica_divergence", "Replica divergence: original program vs fixed (unit 2)"),
     ("ps_traffic", "Parameter-server traffic per worker and shard (unit 4)"),
     ("ps_staleness", "Staleness, async vs sync (unit 4)"),
     ("ps_step_timeline", "Step timeline per worker, async vs sync (unit 4)"),
-    ("ps_placement", "Op placement: the seed vs repaired (unit 4)"),
+    ("ps_placement", "Op placement: the original program vs repaired (unit 4)"),
     ("closure_timeline", "A worker lost: closures failed, put back, retried (unit 5)"),
 ]
 
@@ -182,6 +233,8 @@ def run(outdir: str | Path, ring_ranks: int = 4, tf: bool = True) -> list[Item]:
         _torch_part(gal, tf)
     finally:
         gal.close()
+    order = [name for name, _ in FIGURES]
+    gal.items.sort(key=lambda it: order.index(it.name) if it.name in order else len(order))
     index = write_index(out, gal.items, time.perf_counter() - t0)
     print(f"viz-gallery: {len(gal.items)} figures in {time.perf_counter() - t0:.0f} s -> {index}")
     return gal.items
@@ -208,7 +261,7 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
     cc = _cluster(ranks, f"gallery{ranks}")
     try:
         init(cc, backend="gloo")
-        cc.view.execute(px_cells(nb01, "ring_all_reduce"), block=False).get(timeout=120)
+        cc.view.execute(px_code(nb01, UNIT1_CELLS), block=False).get(timeout=120)
         run = (f"01_collectives' ring_all_reduce (the solution cell) on {ranks} gloo ranks, "
                f"a {2 * ranks}-element buffer, every send recorded")
 
@@ -242,14 +295,18 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
 def _torch_part(gal: Gallery, tf: bool) -> None:
     from .. import viz
     from ..torch_dist import collectives, record
-    from ..torch_dist.process_group import destroy, init
+    from ..torch_dist.process_group import init
 
     cc = _cluster(2, "gallery2")
     try:
+        if tf:
+            # TensorFlow first, on fresh engines: its servers cannot stop, and the teardown
+            # after them gives the PyTorch figures fresh engines (one engine restart in all).
+            _tf_part(gal, cc)
         init(cc, backend="gloo")
         p = cc.world_size
         nb01 = NOTEBOOKS / "01_collectives.ipynb"
-        cc.view.execute(px_cells(nb01, "ring_all_reduce"), block=False).get(timeout=120)
+        cc.view.execute(px_code(nb01, UNIT1_CELLS), block=False).get(timeout=120)
         nbytes = 8 * 2**20
 
         def bars() -> Any:
@@ -297,19 +354,16 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
 
         def divergence() -> Any:
             nb02 = NOTEBOOKS / "02_data_parallel_from_scratch.ipynb"
-            cc.view.execute(px_cells(nb02, "train_data_parallel"), block=False).get(timeout=180)
-            seed = cc.pull("spread_seed")[0]
+            cc.push({"STEPS": 30, "LR": 0.5, "BATCH": 32})  # unit 2's setup cell
+            cc.view.execute(px_code(nb02, UNIT2_CELLS), block=False).get(timeout=180)
+            seed = cc.pull("spread_original")[0]
             fixed = cc.call("train_data_parallel", timeout=120)[0][1]
-            return viz.replica_divergence({"seed: all_reduce(loss) after step()": seed,
+            return viz.replica_divergence({"original: all_reduce(loss) after step()": seed,
                                            "fixed: all_reduce(grad) / p before step()": fixed})
 
         gal.figure("replica_divergence", FIGURES[9][1],
-                   f"02's %%px cells (seed loop and solution) for 30 steps on {p} ranks",
+                   f"02's %%px cells (original loop and solution) for 30 steps on {p} ranks",
                    divergence)
-        if tf:
-            destroy(cc)  # no process group on the fresh engines TensorFlow gets
-            cc.restart()
-            _tf_part(gal, cc)
     finally:
         cc.stop(force=True)
 
@@ -319,33 +373,29 @@ def _tf_part(gal: Gallery, cc: Any) -> None:
     from ..tf_dist import record as trec
     from ..viz import ps as pt
 
-    nb04 = NOTEBOOKS / "04_tf_classic_ps.ipynb"
-    # Unit 4's cells import torch for its bridge; as in the notebook, torch must load before
-    # TensorFlow does on an engine (course_utils.compat), so the servers come after it.
-    cc.view.execute("import torch", block=True)
-    tf_dist.start_servers(cc, num_ps=2)
     runs: dict[str, Any] = {}
-    steps = 60
+    steps = 40
 
     def traffic() -> Any:
-        cc.view.execute(px_cells(nb04, "train"), block=False).get(timeout=180)
-        for mode, sync in (("async", False), ("sync", True)):
-            tf_dist.reset_ps(cc)
-            runs[mode] = [r for r in cc.run(trec.engine_record_ps, steps, sync, timeout=180)
-                          if r]
+        load_unit4(cc, num_ps=2)
+        runs.update(trec.record_ps(cc, steps))
         return pt.ps_traffic(runs)
 
-    run4 = (f"04's build_graph and train (solution cells) on 2 workers + 2 ps tasks, "
-            f"{steps} global steps async then sync")
+    def recorded() -> dict[str, Any]:
+        if not runs:
+            raise RuntimeError("no recording to draw: the ps_traffic figure, which records the "
+                               "runs, failed (its error is above)")
+        return runs
+
+    run4 = (f"04's build_graph and train (solution cells, by id) on 2 workers + 2 ps tasks, "
+            f"tf_dist.record.record_ps: {steps} global steps async then sync")
     gal.figure("ps_traffic", FIGURES[10][1], run4, traffic)
-    gal.figure("ps_staleness", FIGURES[11][1], run4, lambda: pt.staleness(runs))
-    gal.figure("ps_step_timeline", FIGURES[12][1], run4, lambda: pt.ps_step_timeline(runs))
+    gal.figure("ps_staleness", FIGURES[11][1], run4, lambda: pt.staleness(recorded()))
+    gal.figure("ps_step_timeline", FIGURES[12][1], run4,
+               lambda: pt.ps_step_timeline(recorded()))
     gal.figure("ps_placement", FIGURES[13][1],
-               "04's seed_graph and build_graph, placement of one step's ops on worker 1",
-               lambda: pt.placement_diagram(next(p for p in cc.run(
-                   trec.engine_placement, [("the seed", "seed_graph"), ("repaired", "build_graph")],
-                   timeout=60)[::-1] if p)))
-    tf_dist.teardown(cc)
+               "04's original_graph and build_graph, placement of one step's ops on worker 1",
+               lambda: pt.placement_diagram(trec.placement(cc, UNIT4_PLACEMENT)))
     gal.figure("closure_timeline", FIGURES[14][1],
                "ParameterServerStrategy, coordinator in this process, 2 workers + 2 ps; 150 "
                "timed closures, rank 1 (worker:1) killed 0.05 s after scheduling them",
@@ -359,7 +409,11 @@ def _lost_worker(cc: Any, n: int = 150) -> Any:
     from ..tf_dist import record as trec
     from ..viz import ps as pt
 
-    tfc = tf_dist.start_servers(cc, num_ps=2, num_workers=2)
+    tfc = tf_dist.active()
+    if tfc is None or sorted(tfc.cluster) != ["ps", "worker"] or len(tfc.cluster["ps"]) != 2:
+        tfc = tf_dist.start_servers(cc, num_ps=2, num_workers=2)
+    else:  # unit 4's servers (same roles): cleared, they serve the coordinator as well
+        tf_dist.reset_ps(cc, tfc)
     tf = tf_dist.quiet_tensorflow()
     strategy = tf_dist.connect_coordinator(tfc, cluster=cc)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)

@@ -141,38 +141,71 @@ def join_within(coordinator: Any, timeout: float = 60.0) -> tuple[str | None, fl
 
 
 
-@contextlib.contextmanager
-def watch_coordinator() -> Iterator[Counter[str]]:
-    """Count what a ``ClusterCoordinator`` does about failures, without printing its log.
+#: What the coordinator logs about failures: (text in the message, event, counter key).
+_LOG_EVENTS = (
+    ("Putting back a closure", "put_back", "retried"),
+    (" failed with ", "failed", "worker_failures"),  # with "Worker" in it (see coordinator_event)
+    ("being recovered", "recovering", "recovering"),
+    ("has been recovered", "recovered", "recovered"),
+)
 
-    Yields a Counter: ``worker_failures`` (a worker call failed), ``retried`` (a closure was put
-    back on the queue to run on another worker), ``recovering`` (it started reconnecting).
-    After the block TensorFlow's Python log stays at CRITICAL in this kernel: the coordinator
-    keeps trying to reconnect a lost worker in the background and would print each attempt.
+
+def coordinator_event(message: str) -> tuple[str, str, int] | None:
+    """``(event, counter key, worker index or -1)`` for a line of ``ClusterCoordinator``'s log
+    about failures, ``None`` for any other line."""
+    for text, event, key in _LOG_EVENTS:
+        if text in message and (event != "failed" or "Worker" in message):
+            found = re.search(r"\[Worker (\d+)\]", message) or re.search(r"task:(\d+)", message)
+            return event, key, int(found.group(1)) if found else -1
+    return None
+
+
+class CoordinatorLog(Counter):  # type: ignore[type-arg]
+    """What :func:`watch_coordinator` saw: counts by key (``worker_failures``, ``retried``,
+    ``recovering``, ``recovered``) and ``events``, one ``{"time": s, "event": "failed" |
+    "put_back" | "recovering" | "recovered", "worker": index or -1}`` per log line, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[dict[str, Any]] = []
+
+
+@contextlib.contextmanager
+def watch_coordinator() -> Iterator[CoordinatorLog]:
+    """Count and timestamp what a ``ClusterCoordinator`` does about failures, without printing
+    its log (unit 5).
+
+    Yields a :class:`CoordinatorLog`: ``seen["worker_failures"]`` (a worker call failed),
+    ``seen["retried"]`` (a closure was put back on the queue to run on another worker),
+    ``seen["recovering"]`` (it started reconnecting), and ``seen.events`` with the time of each
+    (for :func:`~course_utils.viz.closure_timeline`). Blocks nest (each sees every line).
+    After the outermost block TensorFlow's Python log stays at CRITICAL in this kernel: the
+    coordinator keeps trying to reconnect a lost worker in the background and would print
+    each attempt.
     """
     import logging
 
-    counts: Counter[str] = Counter()
+    seen = CoordinatorLog()
 
-    class _Count(logging.Handler):
+    class _Watch(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            msg = record.getMessage()
-            if "Putting back a closure" in msg:
-                counts["retried"] += 1
-            elif " failed with " in msg and "Worker" in msg:
-                counts["worker_failures"] += 1
-            elif "being recovered" in msg:
-                counts["recovering"] += 1
+            found = coordinator_event(record.getMessage())
+            if found:
+                event, key, worker = found
+                seen[key] += 1
+                seen.events.append({"time": record.created, "event": event, "worker": worker})
 
     logger = logging.getLogger("tensorflow")
     saved = (logger.level, list(logger.handlers), logger.propagate)
-    handler = _Count()
-    logger.handlers = [handler]
+    handler = _Watch()
+    # An enclosing block's handler keeps counting; any other handler would print.
+    logger.handlers = [h for h in saved[1] if type(h).__name__ == "_Watch"] + [handler]
     logger.propagate = False
     logger.setLevel(logging.INFO)
     try:
-        yield counts
+        yield seen
     finally:
+        outer = [h for h in saved[1] if type(h).__name__ == "_Watch"]
         logger.handlers = [h for h in saved[1] if h is not handler] or [logging.NullHandler()]
-        logger.propagate = saved[2]
-        logger.setLevel(logging.CRITICAL)
+        logger.propagate = saved[2] if not outer else False
+        logger.setLevel(logging.INFO if outer else logging.CRITICAL)

@@ -5,11 +5,14 @@ learner's own ``build_graph`` and records, for every step of this worker, when i
 ``global_step`` just before it read the variables and just after its update (staleness), and
 which tensors the graph sends between tasks (bytes per step, per ps shard).
 :func:`engine_placement` lists where the key ops of a graph were placed and the bytes that cross
-tasks, for the placement diagram.
+tasks, for the placement diagram. In the kernel, :func:`record_ps` (async then sync, each from a
+cleared ps) and :func:`placement` call them; unit 4 draws their results.
 
 Unit 5 (in the kernel, where the coordinator runs): :func:`timed` wraps a scheduled
-``tf.function`` so each closure reports its worker, start and end; :func:`record_coordinator`
-timestamps the coordinator's failure handling (a worker failed, a closure put back).
+``tf.function`` so each closure reports its worker, start and end; the coordinator's failure
+handling (a worker failed, a closure put back) is timestamped by
+:func:`~course_utils.tf_dist.watch_coordinator` (``seen.events``; :func:`record_coordinator`
+yields just those).
 
 TensorFlow is imported only inside the functions.
 """
@@ -18,10 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+from .coordinator import watch_coordinator
 from .graph_v1 import task_of
+
+if TYPE_CHECKING:
+    from ..cluster import CourseCluster
 
 
 # ---- unit 4: per-step staleness, timing and traffic ----------------------------------------
@@ -197,6 +204,37 @@ def engine_record_ps(steps: int = 40, sync: bool = False, batch: int = 64,
             "traffic": traffic, "variables": variables, "batch": int(batch), "result": result}
 
 
+def record_ps(cluster: CourseCluster | None = None, steps: int = 60,
+              modes: Sequence[tuple[str, bool]] = (("async", False), ("sync", True)),
+              timeout: float = 120.0) -> dict[str, list[dict[str, Any]]]:
+    """*In the kernel* (unit 4): for each ``(mode, sync)``, clear the ps (``reset_ps``), then
+    run the engines' ``train(steps, sync)`` under :func:`engine_record_ps`. Returns
+    ``{"async": [one record per worker], "sync": [...]}`` for :mod:`course_utils.viz.ps`."""
+    from ..cluster import current
+    from .servers import reset_ps
+
+    cc = cluster or current()
+    out: dict[str, list[dict[str, Any]]] = {}
+    for mode, sync in modes:
+        reset_ps(cc)
+        out[mode] = [r for r in cc.run(engine_record_ps, steps, sync, timeout=timeout) if r]
+    return out
+
+
+def placement(cluster: CourseCluster | None, graph_fns: Sequence[tuple[str, str]],
+              timeout: float = 60.0) -> dict[str, Any]:
+    """*In the kernel* (unit 4): :func:`engine_placement` on every rank, and the record of the
+    highest worker index (the original program pins its compute to worker 0, so the last
+    worker shows what crosses the network), for ``viz.placement_diagram``."""
+    from ..cluster import current
+
+    cc = cluster or current()
+    recs = [r for r in cc.run(engine_placement, list(graph_fns), timeout=timeout) if r]
+    if not recs:
+        raise RuntimeError("no rank hosts a worker: start the servers first")
+    return max(recs, key=lambda r: r["worker"])
+
+
 def _train_targets(graph: Any, made: Any) -> list[Any]:
     """The op(s) one training step runs: ``t["train_op"]`` when the builder returned its dict,
     else the graph's sinks that apply updates (a ``minimize`` NoOp, an apply op)."""
@@ -304,46 +342,12 @@ def timed(step_fn: Any) -> Any:
 
 @contextlib.contextmanager
 def record_coordinator() -> Iterator[list[dict[str, Any]]]:
-    """Timestamp what a ``ClusterCoordinator`` does about failures (unit 5).
-
-    Yields a list that fills with ``{"time": s, "event": "failed"|"put_back"|"recovered",
-    "worker": index}``, from the coordinator's own log records (as
-    :func:`~course_utils.tf_dist.watch_coordinator` counts them, and inside it if both are
-    wanted), without printing them. After
-    the block TensorFlow's Python log stays at CRITICAL (the lost worker's reconnection attempts
-    would otherwise print forever).
+    """Timestamp what a ``ClusterCoordinator`` does about failures (unit 5): the ``events``
+    of :func:`~course_utils.tf_dist.watch_coordinator` (the one reader of its log), as a list
+    of ``{"time": s, "event": "failed"|"put_back"|"recovering"|"recovered", "worker": index}``.
     """
-    import logging
-    import re
-
-    events: list[dict[str, Any]] = []
-
-    class _Record(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            msg = record.getMessage()
-            task = re.search(r"task:(\d+)", msg)
-            idx = re.search(r"\[Worker (\d+)\]", msg)
-            worker = int((idx or task).group(1)) if (idx or task) else -1
-            if "Putting back a closure" in msg:
-                events.append({"time": record.created, "event": "put_back", "worker": worker})
-            elif " failed with " in msg and "Worker" in msg:
-                events.append({"time": record.created, "event": "failed", "worker": worker})
-            elif "has been recovered" in msg:
-                events.append({"time": record.created, "event": "recovered", "worker": worker})
-
-    logger = logging.getLogger("tensorflow")
-    saved = (logger.level, list(logger.handlers), logger.propagate)
-    handler = _Record()
-    # Nests with watch_coordinator (its counter keeps counting); other handlers would print.
-    logger.handlers = [h for h in saved[1] if type(h).__name__ == "_Count"] + [handler]
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    try:
-        yield events
-    finally:
-        logger.handlers = [h for h in saved[1] if h is not handler] or [logging.NullHandler()]
-        logger.propagate = saved[2]
-        logger.setLevel(logging.CRITICAL)
+    with watch_coordinator() as seen:
+        yield seen.events
 
 
 def closure_rows(results: list[Any], scheduled_at: list[float]) -> list[dict[str, Any]]:

@@ -52,6 +52,39 @@ def _workers(records: Records) -> list[Mapping[str, Any]]:
     return sorted((r for r in records if r), key=lambda r: r["worker"])
 
 
+def _check_runs(runs: Mapping[str, Records]) -> list[str]:
+    """The modes of ``runs``; a clear error where there is nothing to draw (an empty dict, or a
+    mode without a worker's record) instead of matplotlib's about a grid of 0 panels."""
+    if not runs:
+        raise ValueError("no recorded runs to draw: pass {mode: the records of "
+                         "tf_dist.record.engine_record_ps}, e.g. {'async': [...], 'sync': [...]}")
+    empty = [name for name, recs in runs.items() if not _workers(recs)]
+    if empty:
+        raise ValueError(f"no worker's record for {empty}: engine_record_ps returns None on a "
+                         "rank without a worker; keep the records of the ranks with one")
+    return list(runs)
+
+
+def throughput(records: Records) -> dict[str, float]:
+    """Steps per second of one recorded run (async or sync), measured once every worker is past
+    its first step (which sets the graph up on every task): ``updates_per_s`` (``global_step``,
+    the updates applied to the variables) and ``gradients_per_s`` (the workers' steps
+    together), over ``seconds``."""
+    recs = [r for r in _workers(records) if r["steps"]]
+    if not recs:
+        raise ValueError("no recorded steps: run tf_dist.record.engine_record_ps first")
+    t0 = max(r["steps"][0]["end"] for r in recs)
+    later = [s for r in recs for s in r["steps"] if s["start"] >= t0]
+    if not later:
+        return {"updates_per_s": 0.0, "gradients_per_s": 0.0, "seconds": 0.0,
+                "updates": 0.0, "gradients": 0.0}
+    t1 = max(s["end"] for s in later)
+    updates = max(s["gs_after"] for s in later) - min(s["gs_before"] for s in later)
+    seconds = max(t1 - t0, 1e-9)
+    return {"updates_per_s": updates / seconds, "gradients_per_s": len(later) / seconds,
+            "seconds": seconds, "updates": float(updates), "gradients": float(len(later))}
+
+
 def _shards(runs: Mapping[str, Records]) -> list[str]:
     return sorted({k[1] for recs in runs.values() for r in _workers(recs)
                    for k in traffic_per_step(r)})
@@ -63,7 +96,7 @@ def ps_traffic(runs: Mapping[str, Records], title: str | None = None) -> Any:
     the worker; pushed: gradients to the ps), from the graph. Right: bytes through each ps shard
     over the run, async vs sync, as the steps really happened."""
     plt = _plt()
-    names = list(runs)
+    names = _check_runs(runs)
     shards = _shards(runs)
     first = _workers(runs[names[0]])
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw={"width_ratios": [1, 1.3]})
@@ -77,7 +110,7 @@ def ps_traffic(runs: Mapping[str, Records], title: str | None = None) -> Any:
         for dy, v in ((-0.2, pull), (0.2, push)):
             ax.text(v, i + dy, f" {v:,} B", va="center", fontsize=10)
     ax.set_yticks(range(len(rows)), [f"worker:{r['worker']} ↔ {sh}" for r, sh in rows])
-    ax.set_ylim(len(rows) - 0.4, -0.9)
+    ax.set_ylim(len(rows) - 0.4, -1.6)  # room at the top for the legend
     ax.set_xlabel("bytes per step")
     ax.set_xlim(0, ax.get_xlim()[1] * 1.3)
     ax.set_title(f"one step, batch {first[0]['batch'] if first else '?'}: what each shard "
@@ -87,7 +120,7 @@ def ps_traffic(runs: Mapping[str, Records], title: str | None = None) -> Any:
     ax.legend(handles=[Patch(facecolor=ROLE["pull"], edgecolor="black",
                              label="pulled: variables ps → worker"),
                        Patch(facecolor=ROLE["push"], edgecolor="black", hatch="//",
-                             label="pushed: gradients worker → ps")], loc="lower right")
+                             label="pushed: gradients worker → ps")], loc="upper right")
 
     styles = ["-", "--", ":", "-."]
     t_all = [s["start"] for recs in runs.values() for r in _workers(recs) for s in r["steps"]]
@@ -136,7 +169,7 @@ def staleness(runs: Mapping[str, Records], title: str | None = None) -> Any:
     """Side by side, one panel per mode: how many updates were 0, 1, 2, ... global steps stale
     (updates by other workers between a worker's read of the variables and its write)."""
     plt = _plt()
-    names = list(runs)
+    names = _check_runs(runs)
     stats = {n: staleness_counts(runs[n]) for n in names}
     top = max([1] + [k for s in stats.values() for k in s["hist"]])
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4), sharey=True,
@@ -169,7 +202,7 @@ def ps_step_timeline(runs: Mapping[str, Records], title: str | None = None) -> A
     """Each worker's steps as bars over time, one panel per mode: async workers step
     independently; sync workers wait for each other at every update."""
     plt = _plt()
-    names = list(runs)
+    names = _check_runs(runs)
     fig, axes = plt.subplots(len(names), 1, figsize=(13, 1.4 + 1.0 * sum(
         len(_workers(runs[n])) for n in names)), squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
@@ -338,6 +371,8 @@ def closure_timeline(rows: Sequence[Mapping[str, Any]], events: Sequence[Mapping
     marks = {"failed": ("X", ROLE["failed"]), "put_back": ("<", ROLE["retried"]),
              "recovered": ("o", ROLE["ok"])}
     for e in events:
+        if e["event"] not in marks:  # "recovering": the cluster, no worker to mark
+            continue
         mk, c = marks[e["event"]]
         ax.plot(e["time"] - t0, e["worker"], mk, color=c, markersize=13,
                 markeredgecolor="black", zorder=5)
@@ -375,5 +410,5 @@ def closure_timeline(rows: Sequence[Mapping[str, Any]], events: Sequence[Mapping
 
 
 __all__ = ["closure_timeline", "placement_diagram", "ps_step_timeline", "ps_traffic",
-           "retried_closures", "short_task", "staleness", "staleness_counts", "total_traffic",
-           "traffic_per_step"]
+           "retried_closures", "short_task", "staleness", "staleness_counts", "throughput",
+           "total_traffic", "traffic_per_step"]
