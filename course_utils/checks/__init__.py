@@ -6,7 +6,7 @@ function under observation and returns plain data for the test cell's asserts.
 
 from __future__ import annotations
 
-from .capstone import engine_check_capstone, engine_check_resume
+from .capstone import check_tf_capstone, engine_check_capstone, engine_check_resume
 from .collectives import (
     engine_check_all_reduce,
     engine_check_point_to_point_only,
@@ -20,8 +20,9 @@ from .performance import engine_check_overlap_dp
 from .tf_graph import engine_check_train_graph, engine_tf_one_step, engine_tf_servers
 from .training import engine_check_checkpoint, engine_check_ddp, engine_check_sampler
 
-__all__ = ["dp_step_problem", "engine_check_all_reduce", "engine_check_atomic_save",
-           "engine_check_capstone", "engine_check_checkpoint", "engine_check_ddp",
+__all__ = ["check_tf_capstone", "dp_step_problem", "engine_check_all_reduce",
+           "engine_check_atomic_save", "engine_check_capstone", "engine_check_checkpoint",
+           "engine_check_ddp",
            "engine_check_dp_step", "engine_check_overlap_dp", "engine_check_point_to_point_only",
            "engine_check_resume", "engine_check_sampler", "engine_check_train_graph",
            "engine_check_watchdog", "engine_tf_one_step", "engine_tf_servers", "feedback",
