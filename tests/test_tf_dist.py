@@ -271,3 +271,65 @@ def test_cross_task_traffic_counts_what_crosses_tasks():
     assert moves["MatMul:0"]["bytes"] == 8 * 10 * 4 and moves["MatMul:0"]["per_example"]
     assert moves["MatMul:0"]["to"] == "/job:ps/task:0"
     assert tf_dist.task_of("/job:ps/task:0/device:CPU:0") == "/job:ps/task:0"
+
+
+# A real ClusterCoordinator (ps, worker and chief in one process) in the state unit 5's lost
+# worker leaves it in: its reconnect thread holds the failure lock (TensorFlow's
+# update_server_def waits for the lost task forever). TensorFlow's own stop(), which the
+# garbage collector runs via __del__, then waits forever; after retire_coordinators it does not.
+STUCK = textwrap.dedent("""
+    import os, threading, time
+    from course_utils import tf_dist
+    from course_utils.cluster.ports import free_ports
+    tf = tf_dist.quiet_tensorflow()
+    p = free_ports(3)
+    spec = {"ps": [f"127.0.0.1:{p[0]}"], "worker": [f"127.0.0.1:{p[1]}"]}
+    tf.config.threading.set_inter_op_parallelism_threads(tf_dist.inter_op_threads(spec))
+    cs = tf.train.ClusterSpec(spec)
+    for job in ("ps", "worker"):
+        tf.distribute.Server(cs, job, 0, config=tf_dist.server_config(spec), protocol="grpc")
+    res = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({**spec, "chief": [f"127.0.0.1:{p[2]}"]}), task_type="chief",
+        task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(res)
+    coord = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = tf.Variable(0.0)
+    bump = tf.function(lambda: v.assign_add(1.0))
+    print("join_within", tf_dist.join_within(coord, timeout=60, schedule=[bump] * 3)[0],
+          int(v.numpy()), flush=True)
+    fail = tf.function(lambda: tf.debugging.assert_equal(v, -1.0))
+    print("error", tf_dist.join_within(coord, timeout=60, schedule=[fail])[0] is not None,
+          flush=True)
+    handler = coord._cluster.failure_handler
+    print("healthy retired", tf_dist.retire_coordinators(only_stuck=True), flush=True)
+    lock_held = threading.Event()
+    def reconnecting():  # what TF's reconnect thread does while update_server_def waits
+        with handler._cluster_update_lock:
+            lock_held.set()
+            time.sleep(3600)
+    threading.Thread(target=reconnecting, daemon=True).start()
+    lock_held.wait(10)
+    handler._cluster_due_for_update_or_finish.set()
+    tf_stop = threading.Thread(target=handler.stop, daemon=True)
+    tf_stop.start()
+    tf_stop.join(3)
+    print("tf stop waits", tf_stop.is_alive(), flush=True)
+    print("stuck retired", tf_dist.retire_coordinators(only_stuck=True), flush=True)
+    print("again", tf_dist.retire_coordinators(), flush=True)
+    gone = threading.Thread(target=coord.__del__, daemon=True)
+    gone.start()
+    gone.join(10)
+    print("del waits", gone.is_alive(), flush=True)
+    os._exit(0)
+""")
+
+
+@pytest.mark.slow
+def test_retire_coordinators_frees_a_coordinator_stuck_reconnecting():
+    out = subprocess.run([sys.executable, "-c", STUCK], capture_output=True, text=True,
+                         timeout=120)
+    lines = set(out.stdout.splitlines())
+    assert {"join_within None 3", "error True", "healthy retired 0", "tf stop waits True",
+            "stuck retired 1", "again 0", "del waits False"} <= lines, \
+        out.stdout + out.stderr[-2000:]

@@ -24,6 +24,7 @@ from .coordinator import (
     connect_coordinator,
     join_within,
     prepare_chief,
+    retire_coordinators,
     variable_shards,
     watch_coordinator,
 )
@@ -69,7 +70,8 @@ __all__ = [
     "adopt_servers", "cluster_dict", "connect_coordinator", "cross_task_traffic",
     "guard_message", "hosted_by_rank", "inter_op_threads", "intra_op_threads", "join_within",
     "kill_rank", "make_tf_config", "pick_ports", "plan_roles", "prepare_chief",
-    "quiet_tensorflow", "register_server", "reset_ps", "run_training", "server_config",
+    "quiet_tensorflow", "register_server", "reset_ps", "retire_coordinators", "run_training",
+    "server_config",
     "session_config", "short_error", "split_address", "start_servers", "step_guard",
     "step_timeout_ms", "task_of", "tasks_on_rank", "teardown", "unanswered",
     "variable_shards", "wait_for_chief", "wait_ready", "watch_coordinator",

@@ -10,7 +10,7 @@ import contextlib
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..cluster import CourseCluster, current, ports
@@ -44,6 +44,7 @@ def prepare_chief(tfc: TFCluster | None = None, timeout: float = READY_TIMEOUT,
         raise TFServerNotAnswering("no TF servers are running on the engines",
                                    "run cu.tf_dist.start_servers() first")
     wait_ready(tfc, timeout=timeout)
+    retire_coordinators(only_stuck=True)
     tf = quiet_tensorflow()
     try:  # only possible before TF's runtime started in this kernel; later runs keep the first
         tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads(tfc.cluster))
@@ -111,18 +112,28 @@ def _ps_index(device: str) -> int:
 
 
 
-def join_within(coordinator: Any, timeout: float = 60.0) -> tuple[str | None, float]:
+def join_within(coordinator: Any, timeout: float = 60.0,
+                schedule: Sequence[Callable[[], Any]] = ()) -> tuple[str | None, float]:
     """``coordinator.join()``, waited for at most ``timeout`` seconds.
 
-    Returns ``(None, seconds)`` when every scheduled step finished, or ``(error, seconds)`` with
-    the first line of the error ``join()`` raised (e.g. after a ps was lost). Raises
-    :class:`TFTimeout` if ``join()`` is still waiting (the call keeps waiting in a daemon thread).
+    ``schedule``: functions (without arguments) to ``coordinator.schedule`` first, inside the
+    same bounded wait: after a step failed, ``schedule()`` itself waits for every step in flight
+    before it re-raises the error (unit 5's lost ps). Returns ``(None, seconds)`` when every
+    scheduled step finished, or ``(error, seconds)`` with the first line of the error ``join()``
+    (or ``schedule()``, then marked so) raised, e.g. after a ps was lost. Raises
+    :class:`TFTimeout` if it is still waiting (the call keeps waiting in a daemon thread).
     """
     import threading
 
     box: dict[str, Any] = {}
 
     def _join() -> None:
+        try:
+            for fn in schedule:
+                coordinator.schedule(fn)
+        except Exception as exc:  # schedule() re-raises an error the coordinator already saw
+            box["error"] = f"{short_error(exc)} (raised by schedule)"
+            return
         try:
             coordinator.join()
             box["error"] = None
@@ -139,6 +150,59 @@ def join_within(coordinator: Any, timeout: float = 60.0) -> tuple[str | None, fl
                         "the kernel and the servers")
     return box["error"], time.monotonic() - t0
 
+
+
+def _no_wait_stop() -> None:
+    """A retired failure handler's ``stop``: it is stopped already (see
+    :func:`retire_coordinators`)."""
+
+
+def retire_coordinators(only_stuck: bool = False, timeout: float = 10.0) -> int:
+    """Stop every ``ClusterCoordinator`` this kernel still runs, without waiting on them;
+    returns how many were stopped. Called by :func:`prepare_chief` (``only_stuck=True``: those
+    that lost a worker) and by :func:`~course_utils.tf_dist.teardown` (all: their servers go).
+
+    Why: a coordinator that lost a worker keeps one thread reconnecting it, and TensorFlow's
+    ``update_server_def`` waits for the lost task *forever* while that thread holds the
+    coordinator's failure lock. ``ClusterCoordinator.__del__`` takes that lock, and the garbage
+    collector runs it in whichever thread happens to allocate, e.g. a worker thread of a *newer*
+    coordinator with a step in flight: that step never ends, and the new ``join()`` or
+    ``schedule()`` waits forever (unit 5's second whole pass hung so, in the lost-ps cell).
+    Retiring does what ``stop()`` does without that lock, so a later ``__del__`` returns at once.
+    """
+    import threading
+
+    handlers = []
+    for thread in threading.enumerate():
+        handler = getattr(getattr(thread, "_target", None), "__self__", None)
+        if thread.name != "WorkerPreemptionHandler" or handler is None \
+                or getattr(handler, "_course_retired", False):
+            continue
+        due = getattr(handler, "_cluster_due_for_update_or_finish", None)
+        if due is None or not hasattr(handler, "_cluster"):
+            continue
+        if only_stuck and not due.is_set():  # not reconnecting a lost worker: stop() is safe
+            continue
+        handlers.append(handler)
+    if not handlers:
+        return 0
+
+    def _retire() -> None:
+        for handler in handlers:
+            handler._course_retired = True
+            handler._should_preemption_thread_run = False
+            handler.stop = _no_wait_stop  # the instance's stop now skips the held lock
+            handler._cluster_due_for_update_or_finish.set()  # the thread ends after its try
+            handler._cluster.stop()  # workers, queue, cancellations (the handler's stop skipped)
+
+    thread = threading.Thread(target=_retire, name="course-retire", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TFTimeout(f"an old ClusterCoordinator did not stop within {timeout:g} s",
+                        "restart the kernel (Kernel > Restart Kernel), then run the notebook "
+                        "from the top")
+    return len(handlers)
 
 
 #: What the coordinator logs about failures: (text in the message, event, counter key).

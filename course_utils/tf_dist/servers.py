@@ -149,10 +149,14 @@ def wait_ready(tfc: TFCluster | Mapping[str, Sequence[str]], timeout: float = RE
 def teardown(cluster: CourseCluster | None = None) -> bool:
     """Replace the engines that host TF servers (gRPC servers cannot be stopped in-process).
 
+    First stops every ``ClusterCoordinator`` of this kernel (:func:`retire_coordinators`).
     Returns True when engines were restarted. Safe to call when nothing runs.
     """
+    from .coordinator import retire_coordinators
+
     cc = cluster or current()
     _STATE.clear()
+    retire_coordinators()  # the coordinators of these servers: stopped so none can hang later
     try:
         hosted = cc.run(_engine_hosted, timeout=15)
     except Exception:  # an engine is gone (killed in a demo) or stuck: replace them anyway
