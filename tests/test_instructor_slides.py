@@ -114,9 +114,26 @@ def test_every_deck_has_a_title_many_slides_and_no_solution(decks, path):
         out / "reveal.js" / "LICENSE").read_text()
 
 
-def test_write_metadata_stores_the_structure_and_changes_nothing_else(tmp_path):
+def test_the_notebooks_carry_up_to_date_metadata(tmp_path):
+    """Slide types, the intro's time/objectives/prerequisites and the course kernel are stored
+    in the sources and match their text; else run ``course slides --write-metadata``."""
     for p in UNITS:
         shutil.copy(p, tmp_path / p.name)
+    stale = slides.write_metadata(notebook_dir=tmp_path, progress=None)
+    assert not stale, (f"{[p.name for p in stale]} differ from what `course slides "
+                       "--write-metadata` writes: run it and commit the notebooks")
+    for p in UNITS:
+        nb = read_nb(p)
+        assert nb.metadata.kernelspec.name == "dist-training-course"
+        assert {"minutes", "objectives", "prerequisites"} <= set(nb.metadata.course), p.name
+
+
+def test_write_metadata_stores_the_structure_and_changes_nothing_else(tmp_path):
+    for p in UNITS:
+        nb = read_nb(p)
+        for c in nb.cells:  # as the notebooks were before slide metadata was stored
+            c.metadata.pop("slideshow", None)
+        nbformat.write(nb, str(tmp_path / p.name))
     written = slides.write_metadata(notebook_dir=tmp_path, progress=None)
     assert sorted(p.name for p in written) == sorted(p.name for p in UNITS)
     for p in UNITS:

@@ -34,7 +34,8 @@ CLUSTER_FACTS = Path(".course") / "cluster.json"
 # "about 75 minutes", "90–120 minutes" (the upper end counts), "about 2 hours"
 _TIME_RE = re.compile(r"\*\*Time:\*\*\s*(?:about\s+)?(\d+)(?:\s*[–-]\s*(\d+))?\s*(min|hour|h\b)",
                       re.I)
-_PREREQ_RE = re.compile(r"\*\*Prerequisites:\*\*\s*(.+?)\s*$", re.M)
+# to the end of the paragraph: the sentence may wrap onto the next lines
+_PREREQ_RE = re.compile(r"\*\*Prerequisites:\*\*\s*(.+?)\s*(?:\n\s*\n|\Z)", re.S)
 _OBJ_START_RE = re.compile(r"By the end of this notebook you can", re.I)
 _ITEM_RE = re.compile(r"^\s*\d+\.\s+(.*)$")
 _HEADING_RE = re.compile(r"^#\s+(.+?)\s*$", re.M)
@@ -85,7 +86,7 @@ def unit_info(nb: NotebookNode, file: str) -> UnitInfo:
     prereq = meta.get("prerequisites")
     if prereq is None:
         m = _PREREQ_RE.search(intro)
-        prereq = m.group(1) if m else ""
+        prereq = " ".join(m.group(1).split()) if m else ""
     number = int(file.split("_", 1)[0]) if file[:1].isdigit() else -1
     return UnitInfo(file, number, title, minutes, objectives, prereq)
 

@@ -356,18 +356,28 @@ def execute_notebook(path: Path, cell_timeout: int = 300) -> NotebookNode:
 
 def write_metadata(units: list[int] | None = None, notebook_dir: str | Path | None = None,
                    progress: Callable[[str], None] | None = print) -> list[Path]:
-    """Store :func:`assign_slide_metadata`'s slide types in the lesson notebooks themselves
-    (only cell metadata changes)."""
+    """Store in the lesson notebooks themselves what the instructor's tools read: the slide
+    types of :func:`assign_slide_metadata` (cell metadata), and the unit's time, objectives and
+    prerequisites parsed from its intro plus the course's kernel (notebook metadata), which the
+    course home and a learner's JupyterLab use. Sources and outputs are never changed."""
+    from .home import set_unit_metadata
+    from .kernelspec import set_kernelspec
+
     say = progress or (lambda _msg: None)
     written = []
     for path in lesson_notebooks(units, Path(notebook_dir) if notebook_dir else None):
         nb = nbformat.read(str(path), as_version=4)
-        before = slide_types(nb)
+        before = nbformat.writes(nb)
         assign_slide_metadata(nb)
-        after = slide_types(nb)
-        if before != after or not all(c.metadata.get("slideshow") for c in nb.cells):
+        course = nb.metadata.get("course", {})
+        for key in ("minutes", "objectives", "prerequisites"):  # re-read from the prose
+            course.pop(key, None)
+        set_unit_metadata(nb, path.name)
+        set_kernelspec(nb)
+        if nbformat.writes(nb) != before:
             nbformat.write(nb, str(path))
             written.append(path)
+        after = slide_types(nb)
         counts = {k: after.count(k) for k in ("slide", "subslide", "fragment", "skip")}
         say(f"{path.name}: {counts}" + ("" if path in written else " (unchanged)"))
     return written
