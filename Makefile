@@ -13,9 +13,13 @@ LAB_ARGS ?=
 lab: install
 	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
 
+# Two pytest-xdist workers: most of the suite waits on engines, servers and kernels, so two
+# share a 2-core machine well (conftest.py keeps a notebook, a module or a rig on one worker).
+TEST_WORKERS ?= 2
+
 test: install
-	$(PY) -m ruff check course_utils tests
-	$(PY) -m pytest
+	$(PY) -m ruff check course_utils tests conftest.py
+	$(PY) -m pytest -n $(TEST_WORKERS)
 
 install: $(STAMP)
 

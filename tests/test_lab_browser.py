@@ -126,7 +126,7 @@ def test_home_lists_units_cluster_and_status(chromium, learner_lab, browser_scre
     # The learner's copy has stubs, not solutions, and no hidden tests.
     mine = grading.read(lab.workdir / UNIT3)
     solutions = [c.source for c in mine.cells if grading.is_solution_cell(c)]
-    assert solutions and all("raise NotImplementedError()" in s for s in solutions)
+    assert solutions and all("raise NotImplementedError(" in s for s in solutions)
     source = grading.read(grading.NOTEBOOK_DIR / UNIT3)
     hidden = [ln.strip() for c in source.cells if grading.is_test_cell(c)
               for region in re.findall(r"BEGIN HIDDEN TESTS\n(.*?)### END", c.source, re.S)

@@ -234,7 +234,8 @@ def home_notebook(workdir: str | os.PathLike[str], infos: list[UnitInfo] | None 
         new("## Stuck?\n\nRun the exercise's test cell at least once and save the notebook, "
             "then ask for that one exercise's solution in a terminal:\n\n"
             "```\ncourse solution 3 ex2      # unit 3, exercise 2\n```\n\n"
-            "Other files here: `data/` (datasets) and the checkpoints training writes. "
+            "Other files here: `data/` (datasets) and `saved_models/` (the checkpoints "
+            "training writes). "
             "`course lab --source` opens the instructor's notebooks instead of your copies."),
         nbformat.v4.new_code_cell("# Refresh: the cluster and your tests' status, as of now\n"
                                   "from course_utils.instructor import home\n\nhome.show()"),
