@@ -13,9 +13,10 @@ LAB_ARGS ?=
 lab: install
 	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
 
-# Two pytest-xdist workers: most of the suite waits on engines, servers and kernels, so two
-# share a 2-core machine well (conftest.py keeps a notebook, a module or a rig on one worker).
-TEST_WORKERS ?= 2
+# `make test TEST_WORKERS=2` shares the suite between two pytest-xdist workers (~19 min here
+# instead of ~28; conftest.py keeps a notebook, a module or a rig on one worker). One worker is
+# (0: no workers, one process) is the default until the timing-based checks that flaked under the doubled load are hardened.
+TEST_WORKERS ?= 0
 
 test: install
 	$(PY) -m ruff check course_utils tests conftest.py
