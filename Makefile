@@ -14,8 +14,8 @@ lab: install
 	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
 
 # `make test TEST_WORKERS=2` shares the suite between two pytest-xdist workers (~19 min here
-# instead of ~28; conftest.py keeps a notebook, a module or a rig on one worker). One worker is
-# (0: no workers, one process) is the default until the timing-based checks that flaked under the doubled load are hardened.
+# instead of ~28; conftest.py keeps a notebook, a module or a rig on one worker). One process
+# (0 workers) stays the default until the timing checks that flaked under that load are hardened.
 TEST_WORKERS ?= 0
 
 test: install
