@@ -123,7 +123,6 @@ def join_within(coordinator: Any, timeout: float = 60.0,
     (or ``schedule()``, then marked so) raised, e.g. after a ps was lost. Raises
     :class:`TFTimeout` if it is still waiting (the call keeps waiting in a daemon thread).
     """
-    import threading
 
     box: dict[str, Any] = {}
 
@@ -141,10 +140,7 @@ def join_within(coordinator: Any, timeout: float = 60.0,
             box["error"] = short_error(exc)
 
     t0 = time.monotonic()
-    thread = threading.Thread(target=_join, name="course-join", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    if not _finished_within(_join, timeout, "course-join"):
         raise TFTimeout(f"coordinator.join() still waiting after {timeout:g} s",
                         "a task may be gone for good: run cu.tf_dist.teardown(), then restart "
                         "the kernel and the servers")
@@ -155,6 +151,17 @@ def join_within(coordinator: Any, timeout: float = 60.0,
 def _no_wait_stop() -> None:
     """A retired failure handler's ``stop``: it is stopped already (see
     :func:`retire_coordinators`)."""
+
+
+def _finished_within(target: Callable[[], None], timeout: float, name: str) -> bool:
+    """Run ``target`` in a daemon thread; False if it is still running after ``timeout`` s
+    (TensorFlow's waits cannot be interrupted, so the thread is left to finish or not)."""
+    import threading
+
+    thread = threading.Thread(target=target, name=name, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive()
 
 
 def retire_coordinators(only_stuck: bool = False, timeout: float = 10.0) -> int:
@@ -195,10 +202,7 @@ def retire_coordinators(only_stuck: bool = False, timeout: float = 10.0) -> int:
             handler._cluster_due_for_update_or_finish.set()  # the thread ends after its try
             handler._cluster.stop()  # workers, queue, cancellations (the handler's stop skipped)
 
-    thread = threading.Thread(target=_retire, name="course-retire", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    if not _finished_within(_retire, timeout, "course-retire"):
         raise TFTimeout(f"an old ClusterCoordinator did not stop within {timeout:g} s",
                         "restart the kernel (Kernel > Restart Kernel), then run the notebook "
                         "from the top")
