@@ -303,14 +303,14 @@ STUCK = textwrap.dedent("""
           flush=True)
     handler = coord._cluster.failure_handler
     print("healthy retired", tf_dist.retire_coordinators(only_stuck=True), flush=True)
-    lock_held = threading.Event()
-    def reconnecting():  # what TF's reconnect thread does while update_server_def waits
-        with handler._cluster_update_lock:
-            lock_held.set()
-            time.sleep(3600)
-    threading.Thread(target=reconnecting, daemon=True).start()
-    lock_held.wait(10)
-    handler._cluster_due_for_update_or_finish.set()
+    from tensorflow.python.eager import context
+    def reconnecting(*args, **kwargs):  # update_server_def waiting for a lost task, forever
+        time.sleep(3600)
+    context.context().update_server_def = reconnecting
+    handler._cluster_due_for_update_or_finish.set()  # what a lost worker does
+    deadline = time.monotonic() + 30  # until TF's own thread holds the lock inside it
+    while not handler._cluster_update_lock.locked() and time.monotonic() < deadline:
+        time.sleep(0.05)
     tf_stop = threading.Thread(target=handler.stop, daemon=True)
     tf_stop.start()
     tf_stop.join(3)
