@@ -15,7 +15,7 @@ import pytest
 matplotlib.use("Agg")
 
 from course_utils import viz  # noqa: E402
-from course_utils.torch_dist import record  # noqa: E402
+from course_utils.torch_dist import perf, record  # noqa: E402
 from course_utils.torch_dist.collectives import chunk_bounds  # noqa: E402
 from course_utils.viz import cheatsheet, ring  # noqa: E402
 
@@ -191,3 +191,17 @@ def test_live_log_is_published_while_training_runs(cc):
     assert any(0 < max(s) < 40 for s in seen), f"nothing arrived while training ran: {seen}"
     assert rows[0][-1]["loss"] < rows[0][0]["loss"]
     assert {"step", "loss", "step_time", "samples_per_s", "time"} <= set(rows[0][0])
+
+
+def test_sweep_is_flat_flags_times_that_do_not_grow():
+    assert perf.sweep_is_flat([1e-3, 1.1e-3, 2e-3])        # 4 MiB no slower than 4 B: load
+    assert not perf.sweep_is_flat([5e-5, 1e-4, 2e-3])
+    assert perf.sweep_is_flat([1e-3])
+
+
+def test_sweep_measures_again_only_while_the_times_are_flat(cc):
+    got = perf.sweep([4, 1 << 20], with_ring=False, cluster=cc, iters=3, attempts=3)
+    t = got["seconds"]["dist.all_reduce"]
+    assert got["sizes"] == [4, 1 << 20] and len(t) == 2 and all(x > 0 for x in t)
+    assert 1 <= got["attempts"] <= 3
+    assert got["attempts"] == 3 or not perf.sweep_is_flat(t), "stopped while still flat"
