@@ -6,6 +6,9 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
+
+import pytest
 
 # Notebook kernels (nbval) inherit this environment, so they use the test cluster id, too.
 os.environ.setdefault("COURSE_CLUSTER_ID", "pytest")
@@ -37,6 +40,17 @@ FIRST = ("test_instructor_grade.py", "rig-twohosts", "test_viz_gallery.py", "tes
          "rig-slurm", "rig-browser")
 
 
+#: Tests that pass or fail on timing (performance figures, a training budget, an accuracy bar
+#: reached within it): under xdist they run alone, the other worker waiting between its tests.
+#: Node-id prefixes; a notebook's cells keep the machine from the first to the last.
+ALONE = (
+    "notebooks/07_performance.ipynb", "notebooks/09_capstone.ipynb",
+    "tests/test_rerun.py::test_notebook_reruns_in_one_kernel[07_performance.ipynb]",
+    "tests/test_rerun.py::test_notebook_reruns_in_one_kernel[09_capstone.ipynb]",
+    "tests/test_tf_perf_capstone.py", "tests/test_perf_faults.py",
+)
+
+
 def scope_of(nodeid: str) -> str:
     """The unit of work one xdist worker runs in order: a file (a notebook's cells share a
     kernel, a module's fixtures its set-up), a rig shared by several files, or a single test."""
@@ -57,6 +71,68 @@ def pytest_collection_modifyitems(config, items) -> None:
         return FIRST.index(group) if group in FIRST else len(FIRST)
 
     items.sort(key=rank)
+
+
+def alone(nodeid: str) -> bool:
+    return nodeid.startswith(ALONE)
+
+
+class MachineLock:
+    """A readers-writer lock between xdist workers, on two files (``flock``): every test holds
+    it shared, an :data:`ALONE` test exclusively. A waiting writer holds the turnstile, so the
+    other worker cannot keep taking the shared lock test after test and starve it."""
+
+    def __init__(self, folder: str) -> None:
+        self.turnstile = open(os.path.join(folder, "course-xdist-turnstile.lock"), "a")
+        self.machine = open(os.path.join(folder, "course-xdist-machine.lock"), "a")
+        self.held = ""
+        self.waited = 0.0
+
+    def take(self, kind: str) -> None:
+        if self.held == kind:
+            return
+        self.release()
+        t0 = time.monotonic()
+        fcntl.flock(self.turnstile, fcntl.LOCK_EX)
+        if kind == "shared":  # pass the turnstile, then share the machine
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+            fcntl.flock(self.machine, fcntl.LOCK_SH)
+        else:  # keep the turnstile until the machine is ours
+            fcntl.flock(self.machine, fcntl.LOCK_EX)
+            fcntl.flock(self.turnstile, fcntl.LOCK_UN)
+        self.waited += time.monotonic() - t0
+        self.held = kind
+
+    def release(self) -> None:
+        if self.held:
+            fcntl.flock(self.machine, fcntl.LOCK_UN)
+            self.held = ""
+
+
+_LOCK: MachineLock | None = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, hold the :class:`MachineLock` around each test (see :data:`ALONE`)."""
+    global _LOCK
+    if not _WORKER:
+        yield
+        return
+    if _LOCK is None:
+        folder = os.path.join(tempfile.gettempdir(), "course-xdist-"
+                              + os.environ.get("PYTEST_XDIST_TESTRUNUID", "run"))
+        os.makedirs(folder, exist_ok=True)
+        _LOCK = MachineLock(folder)
+    kind = "exclusive" if alone(item.nodeid) else "shared"
+    _LOCK.take(kind)
+    try:
+        yield
+    finally:
+        keep = kind == "exclusive" and nextitem is not None and alone(nextitem.nodeid) \
+            and nextitem.path == item.path and item.path.suffix == ".ipynb"
+        if not keep:
+            _LOCK.release()
 
 
 try:

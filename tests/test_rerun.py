@@ -36,4 +36,5 @@ def test_every_notebook_has_a_rerun_plan():
 @pytest.mark.parametrize("name", sorted(PLANS))
 def test_notebook_reruns_in_one_kernel(name):
     errors = run_in_one_kernel(read(NOTEBOOK_DIR / name), PLANS[name])
-    assert not errors, errors
+    assert not errors, "\n".join(f"pass {n} cell {i}: {ename}: {evalue}"  # whole, not cut
+                                  for n, i, ename, evalue in errors)

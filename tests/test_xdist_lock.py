@@ -1,0 +1,71 @@
+"""conftest's ``MachineLock``: how the suite's timing-sensitive tests get the machine to
+themselves when ``make test`` shares the suite between xdist workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from conftest import MachineLock, alone
+
+ROOT = Path(__file__).resolve().parents[1]
+HOLD = textwrap.dedent("""
+    import sys, time
+    from conftest import MachineLock
+    lock = MachineLock(sys.argv[1])
+    lock.take(sys.argv[2])
+    print("held", flush=True)
+    time.sleep(float(sys.argv[3]))
+""")
+
+
+def _other_worker(folder: Path, kind: str, seconds: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), kind, str(seconds)],
+                            cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_an_exclusive_test_waits_for_the_shared_ones_and_they_for_it(tmp_path):
+    mine = MachineLock(str(tmp_path))
+    other = _other_worker(tmp_path, "exclusive", 1.5)
+    t0 = time.monotonic()
+    mine.take("shared")
+    assert time.monotonic() - t0 > 1.0, "took the shared lock while the other held it alone"
+    other.wait(10)
+    other = _other_worker(tmp_path, "shared", 1.5)  # two shared holders at once: no waiting
+    t0 = time.monotonic()
+    mine.release()
+    mine.take("shared")
+    assert time.monotonic() - t0 < 0.5
+    mine.release()
+    mine.take("exclusive")
+    assert time.monotonic() - t0 > 1.0, "took it alone while another test shared it"
+    mine.release()
+    other.wait(10)
+
+
+def test_a_waiting_exclusive_test_is_not_starved_by_shared_ones(tmp_path):
+    mine = MachineLock(str(tmp_path))
+    mine.take("shared")
+    writer = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "exclusive", "1"],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # the writer waits on our shared lock, holding the turnstile
+    mine.release()
+    t0 = time.monotonic()
+    mine.take("shared")  # a new shared test queues behind the writer
+    assert writer.stdout.readline().strip() == "held"
+    assert time.monotonic() - t0 > 0.7
+    writer.wait(10)
+    mine.release()
+
+
+def test_alone_names_the_timing_tests():
+    assert alone("notebooks/07_performance.ipynb::Cell 3")
+    assert alone("tests/test_rerun.py::test_notebook_reruns_in_one_kernel[09_capstone.ipynb]")
+    assert not alone("tests/test_rerun.py::test_notebook_reruns_in_one_kernel[00_cluster_tour"
+                     ".ipynb]")
+    assert not alone("notebooks/01_collectives.ipynb::Cell 0")
