@@ -318,28 +318,60 @@ STOPPED = {t: r"^RuntimeError: Client cannot be used after its sockets have been
            for t in ("ex1-test", "predict-test", "ex2-test")}
 
 
+#: Grades the hanging students in a process of its own, so that their run (mostly waiting on
+#: the cell limit) overlaps the class run; the result comes back pickled.
+HANG_RUN = """
+import pickle, sys
+from course_utils.instructor.grade import grade
+lines = []
+def progress(msg):
+    lines.append(msg)
+    print(msg, flush=True)
+res = grade(sys.argv[1], course=sys.argv[2], cell_timeout=int(sys.argv[3]),
+            notebook_timeout=int(sys.argv[4]), progress=progress)
+with open(sys.argv[5], "wb") as f:
+    pickle.dump((res, lines), f)
+"""
+
+
 @pytest.fixture(scope="module")
 def graded(course, tmp_path_factory):
-    """The class graded in two runs of ``grade()``: the two hanging students on a copy of the
-    course folder with a short cell limit (a hang costs the limit, so this is where the time
-    goes), then the other seven with the usual limit, the full-marks student last."""
+    """The class graded in two runs of ``grade()`` at the same time: the two hanging students
+    on a copy of the course folder with a short cell limit (a hang costs the limit), in a
+    process of its own, and the other seven with the usual limit, the full-marks student
+    last. Each run has its own course folder, gradebook and clusters."""
+    import pickle
+
     folder = tmp_path_factory.mktemp("class")
     expected = build_class(course, folder)
     hang_course = tmp_path_factory.mktemp("hang-course") / "course"
     shutil.copytree(course.root, hang_course)
-    runs = []
+    out, log = hang_course.parent / "hangs.pickle", hang_course.parent / "hangs.log"
     t0 = time.perf_counter()
-    for sub, root, limit in (("hangs", hang_course, HANG_CELL_TIMEOUT),
-                             ("class", course.root, CELL_TIMEOUT)):
-        lines: list[str] = []
+    with open(log, "w") as sink:  # a file, not a pipe: nbgrader's logging cannot fill it
+        hangs = subprocess.Popen([sys.executable, "-c", HANG_RUN, str(folder / "hangs"),
+                                  str(hang_course), str(HANG_CELL_TIMEOUT),
+                                  str(NOTEBOOK_TIMEOUT), str(out)], stdout=sink,
+                                 stderr=subprocess.STDOUT)
+    lines: list[str] = []
 
-        def progress(msg: str, lines=lines) -> None:
-            lines.append(msg)
-            print(msg, flush=True)
+    def progress(msg: str) -> None:
+        lines.append(msg)
+        print(msg, flush=True)
 
-        runs.append((grade(folder / sub, course=root, cell_timeout=limit,
-                           notebook_timeout=NOTEBOOK_TIMEOUT, progress=progress), lines))
-    return runs, expected, time.perf_counter() - t0
+    try:
+        class_run = (grade(folder / "class", course=course.root, cell_timeout=CELL_TIMEOUT,
+                           notebook_timeout=NOTEBOOK_TIMEOUT, progress=progress), lines)
+        hangs.wait(timeout=2 * NOTEBOOK_TIMEOUT * len(HANGS))
+    finally:
+        if hangs.poll() is None:
+            hangs.kill()
+    printed = log.read_text()
+    print(printed)
+    assert hangs.returncode == 0 and out.exists(), printed[-3000:]
+    with open(out, "rb") as f:
+        hang_run = pickle.load(f)
+    return [hang_run, class_run], expected, time.perf_counter() - t0, hangs.pid
 
 
 def _by_student(runs) -> dict:
@@ -349,7 +381,7 @@ def _by_student(runs) -> dict:
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_hostile_class_scores_exactly_what_each_student_earned(graded):
-    runs, expected, seconds = graded
+    runs, expected, seconds, _ = graded
     for result, _ in runs:
         print("\n" + result.table())
     print(f"class graded in {seconds:.1f} s")
@@ -401,13 +433,14 @@ def _q(g, gid):
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_a_hang_costs_at_most_the_limit_and_nothing_is_left_running(graded):
-    runs, _, _ = graded
+    runs, _, _, hang_pid = graded
     got = _by_student(runs)
     normal = max(g.seconds for g in got.values() if g.student not in HANGS)
     for name in HANGS:  # the notebook's normal time plus one cell limit, never the whole limit
         assert got[name].seconds < min(NOTEBOOK_TIMEOUT, normal + HANG_CELL_TIMEOUT + 20), (
             name, got[name].seconds, normal)
-    left = marked_processes_with_prefix(f"grade-{os.getpid()}-")
+    left = [pid for grader in (os.getpid(), hang_pid)
+            for pid in marked_processes_with_prefix(f"grade-{grader}-")]
     assert not left, f"processes left running after grading: {left}"
 
 
@@ -431,7 +464,7 @@ def test_grades_csv_and_json_have_a_row_per_student_and_question(graded):
     import csv
     import json
 
-    runs, expected, _ = graded
+    runs, expected, _, _ = graded
     for result, _ in runs:
         names = [g.student for g in result.notebooks]
         rows = list(csv.DictReader(open(result.root / "grades.csv")))
@@ -450,7 +483,7 @@ def test_grades_csv_and_json_have_a_row_per_student_and_question(graded):
 def test_feedback_is_an_offline_html_page_per_graded_student(graded):
     from course_utils.instructor.feedback import feedback
 
-    runs, expected, _ = graded
+    runs, expected, _, _ = graded
     result = runs[1][0]  # the class run: b_raises and z_full are in it
     done = feedback(result.root, progress=None)
     assert {f.student for f in done} == {g.student for g in result.notebooks} - {
