@@ -25,6 +25,64 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("COURSE_WORKDIR", os.path.join(
     tempfile.gettempdir(), f"course-workdir-{os.environ['COURSE_CLUSTER_ID']}"))
 
+#: How each notebook is run again in nbval's kernel, after its cells ran once as written:
+#: ``B`` every code cell but the teardown, ``T`` the teardown, ``S`` the set-up cells. A plan
+#: spells the whole sequence in one kernel, the notebook's own run first (``B`` ... ``T``):
+#: ``BTBT`` the whole notebook twice (set-up and teardown are idempotent); ``BBT`` every cell
+#: again against the live cluster and process group, then the teardown.
+RERUN_PLANS = {
+    "00_cluster_tour.ipynb": "BTBT",
+    "01_collectives.ipynb": "BBT",
+    "02_data_parallel_from_scratch.ipynb": "BBT",
+    "03_pytorch_ddp.ipynb": "BBT",
+    "04_tf_classic_ps.ipynb": "BTBT",
+    "05_tf2_parameter_server_strategy.ipynb": "BTBT",
+    "06_two_hosts.ipynb": "BTBT",
+    "07_performance.ipynb": "BTBT",
+    "08_hangs_and_faults.ipynb": "BBT",
+    # The capstone again in the same kernel: the checkpoint of the first pass is deleted by the
+    # test cell, the second training starts from scratch, resumes, and meets the bar again.
+    "09_capstone.ipynb": "BBT",
+}
+
+
+def _grade_id(item) -> str:
+    return item.cell.metadata.get("nbgrader", {}).get("grade_id", "")
+
+
+def with_reruns(items: list) -> list:
+    """nbval's items with each notebook's :data:`RERUN_PLANS` added: a cell's first run is
+    nbval's own item, every later one a copy named ``Cell N (pass K)``, in the same kernel."""
+    from nbval.plugin import IPyNbCell
+
+    out: list = []
+    i = 0
+    while i < len(items):
+        parent = items[i].parent
+        j = i
+        while j < len(items) and items[j].parent is parent:
+            j += 1
+        group, i = items[i:j], j
+        plan = RERUN_PLANS.get(parent.path.name) if isinstance(group[0], IPyNbCell) else None
+        if not plan:
+            out += group
+            continue
+        kind = {"B": [it for it in group if "teardown" not in _grade_id(it)],
+                "T": [it for it in group if "teardown" in _grade_id(it)],
+                "S": [it for it in group if _grade_id(it).startswith("setup")]}
+        seen: set[str] = set()
+        for n, step in enumerate(plan, start=1):
+            for it in kind[step]:
+                if it.name not in seen:
+                    seen.add(it.name)
+                    out.append(it)
+                else:
+                    out.append(IPyNbCell.from_parent(
+                        parent, name=f"{it.name} (pass {n})", cell_num=it.cell_num,
+                        cell=it.cell, options=it.options))
+    return out
+
+
 #: Files whose tests must run in one worker together: they share a rig (network namespaces,
 #: Slurm daemons, Chromium) or module fixtures across files.
 SHARED = {
@@ -34,9 +92,9 @@ SHARED = {
 }
 #: Files whose tests are independent of one another (each starts its own kernel or process):
 #: xdist may hand them out one by one.
-SPREAD = {"test_rerun.py", "test_instructor_release.py", "test_mistakes.py"}
+SPREAD = {"test_instructor_release.py", "test_mistakes.py"}
 #: Started first, so the longest groups do not end up last on one worker.
-FIRST = ("test_instructor_grade.py", "rig-twohosts", "test_viz_gallery.py", "test_rerun.py",
+FIRST = ("test_instructor_grade.py", "rig-twohosts", "notebooks", "test_viz_gallery.py",
          "rig-slurm", "rig-browser")
 
 
@@ -45,8 +103,6 @@ FIRST = ("test_instructor_grade.py", "rig-twohosts", "test_viz_gallery.py", "tes
 #: Node-id prefixes; a notebook's cells keep the machine from the first to the last.
 ALONE = (
     "notebooks/07_performance.ipynb", "notebooks/09_capstone.ipynb",
-    "tests/test_rerun.py::test_notebook_reruns_in_one_kernel[07_performance.ipynb]",
-    "tests/test_rerun.py::test_notebook_reruns_in_one_kernel[09_capstone.ipynb]",
     "tests/test_tf_perf_capstone.py", "tests/test_perf_faults.py",
 )
 
@@ -61,13 +117,16 @@ def scope_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Under xdist, the longest groups first (a stable sort keeps each file's order)."""
+    """Each notebook's re-run passes (:func:`with_reruns`); under xdist, the longest groups
+    first (a stable sort keeps each file's order)."""
+    items[:] = with_reruns(items)
     if not _WORKER:
         return
 
     def rank(item) -> int:
         name = item.path.name
-        group = name if name in SPREAD else SHARED.get(name, name)
+        group = "notebooks" if item.path.suffix == ".ipynb" else \
+            name if name in SPREAD else SHARED.get(name, name)
         return FIRST.index(group) if group in FIRST else len(FIRST)
 
     items.sort(key=rank)

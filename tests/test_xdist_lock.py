@@ -65,7 +65,6 @@ def test_a_waiting_exclusive_test_is_not_starved_by_shared_ones(tmp_path):
 
 def test_alone_names_the_timing_tests():
     assert alone("notebooks/07_performance.ipynb::Cell 3")
-    assert alone("tests/test_rerun.py::test_notebook_reruns_in_one_kernel[09_capstone.ipynb]")
-    assert not alone("tests/test_rerun.py::test_notebook_reruns_in_one_kernel[00_cluster_tour"
-                     ".ipynb]")
+    assert alone("notebooks/09_capstone.ipynb::Cell 3 (pass 2)")
+    assert not alone("notebooks/00_cluster_tour.ipynb::Cell 3 (pass 3)")
     assert not alone("notebooks/01_collectives.ipynb::Cell 0")

@@ -93,38 +93,6 @@ def read(path: str | os.PathLike[str]) -> NotebookNode:
     return nbformat.read(str(path), as_version=4)
 
 
-def run_in_one_kernel(nb: NotebookNode, plan: str, timeout: int = 600,
-                      cwd: str | os.PathLike[str] | None = None) -> list[tuple[int, int, str, str]]:
-    """Execute the notebook's code cells in ONE kernel following ``plan``, and return the errors.
-
-    ``plan`` is a string of passes: ``B`` runs every code cell but the teardown, ``T`` runs the
-    teardown cells, ``S`` the set-up cells only. ``"BTBT"`` is "run the whole notebook twice";
-    ``"BBT"`` re-runs every cell against a live cluster before tearing down. Errors are
-    ``(pass, cell index, ename, evalue)``.
-    """
-    from nbclient import NotebookClient
-
-    nb = copy.deepcopy(nb)
-    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    is_teardown = ["teardown" in nbgrader_meta(c).get("grade_id", "") for _, c in code]
-    passes = {
-        "B": [ic for ic, t in zip(code, is_teardown, strict=True) if not t],
-        "T": [ic for ic, t in zip(code, is_teardown, strict=True) if t],
-        "S": [(i, c) for i, c in code if nbgrader_meta(c).get("grade_id", "").startswith("setup")],
-    }
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
-                            resources={"metadata": {"path": str(cwd or NOTEBOOK_DIR)}})
-    errors = []
-    with client.setup_kernel():
-        for n, step in enumerate(plan, start=1):
-            for i, cell in passes[step]:
-                cell.outputs = []
-                client.execute_cell(cell, i)
-                errors += [(n, i, o.get("ename"), o.get("evalue"))
-                           for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-    return errors
-
-
 def with_solution(nb: NotebookNode, grade_id: str, body: str) -> NotebookNode:
     """``nb`` with the solution region of cell ``grade_id`` replaced by ``body`` (indented to
     match). Tests use it to plant a learner's typical mistake and check a graded test fails."""
