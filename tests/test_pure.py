@@ -233,3 +233,50 @@ def test_with_solution_replaces_only_the_region_and_keeps_indent():
         with_solution(nb, "missing", "pass")
     with pytest.raises(ValueError, match="no solution region"):
         with_solution(nb, "ex", "pass")
+
+
+
+#: Stands in for ``ssh``: runs the command on this machine while the "link" file exists, and
+#: fails as ssh does (exit 255) once it is gone.
+LINK_SSH = """
+import os, subprocess, sys
+if not os.path.exists(sys.argv[1]):
+    sys.stderr.write("ssh: connect to host: No route to host\\n")
+    sys.exit(255)
+command = " ".join(sys.argv[sys.argv.index("HOST") + 1:])
+sys.exit(subprocess.run(command, shell=True, executable="/bin/bash").returncode)
+"""
+
+
+def test_an_engine_whose_host_stays_unreachable_is_reported_stopped(tmp_path, caplog):
+    """The SSH engine launcher's poll (ipyparallel's ``ssh_waitpid`` on a real process): a
+    failed ssh is retried, and after ``unreachable_for`` the engine counts as stopped (-1) with
+    a warning, where ipyparallel's waiting thread would die with a traceback."""
+    import logging
+    import subprocess
+    import sys
+    import time
+
+    from course_utils.cluster.ssh_launcher import CourseSSHEngineLauncher
+
+    (tmp_path / "ssh.py").write_text(LINK_SSH)
+    link = tmp_path / "link-up"
+    link.touch()
+    engine = subprocess.Popen(["sleep", "60"])
+    try:
+        launcher = CourseSSHEngineLauncher(
+            ssh_cmd=[sys.executable, str(tmp_path / "ssh.py"), str(link)], ssh_args=[],
+            hostname="HOST", remote_python=sys.executable)
+        launcher.log = logging.getLogger("test-ssh-poll")
+        launcher.pid, launcher.unreachable_for = engine.pid, 0.5
+        with pytest.raises(TimeoutError, match="still running"):  # the real poll, link up
+            launcher.wait_one(timeout=1)
+        link.unlink()
+        with pytest.raises(TimeoutError, match="polling again"):
+            launcher.wait_one(timeout=1)
+        time.sleep(0.6)
+        with caplog.at_level(logging.WARNING, logger="test-ssh-poll"):
+            assert launcher.wait_one(timeout=1) == -1
+        assert "no answer from the host" in caplog.text and "taking it as stopped" in caplog.text
+    finally:
+        engine.kill()

@@ -71,10 +71,12 @@ class CourseSSHEngineLauncher(SSHEngineLauncher):
 
     ipyparallel polls a remote engine with ``ssh HOST python ssh_waitpid`` from a thread; an
     ssh that fails (a link down, sshd restarting) kills that thread with a traceback. Here a
-    failed poll is retried every few seconds until the engine is stopped.
+    failed poll is retried every few seconds; a host that stays unreachable for
+    :attr:`unreachable_for` seconds has lost its engine: the launcher reports it stopped
+    (exit code -1, with a warning in the log) instead of dying.
     """
 
-    #: Give up polling (as ipyparallel does at once) after this long without an answer.
+    #: Report the engine stopped after this long without an answer from its host.
     unreachable_for = 120.0
     _first_failure: float | None = None
 
@@ -83,11 +85,14 @@ class CourseSSHEngineLauncher(SSHEngineLauncher):
 
         try:
             code = super().wait_one(timeout)
-        except subprocess.CalledProcessError:
+        except subprocess.CalledProcessError as exc:
             now = time.monotonic()
             self._first_failure = self._first_failure or now
             if now - self._first_failure > self.unreachable_for:
-                raise
+                self.log.warning("engine %s on %s: no answer from the host for %.0f s (%s); "
+                                 "taking it as stopped", self.pid, self.location,
+                                 now - self._first_failure, _why(exc, "python"))
+                return -1
             waited = getattr(self, "_stop_waiting", None)
             if waited is not None and waited.wait(min(5.0, timeout or 5.0)):
                 return -1  # stopped while the host was unreachable
