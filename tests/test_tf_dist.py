@@ -119,6 +119,38 @@ def test_teardown_replaces_engines_that_hosted_servers(cluster):
     assert tf_dist.teardown(cluster) is False  # nothing hosted: no restart
 
 
+TAKE_THE_PORT = """
+import socket
+import course_utils.cluster.ports as _ports
+_real_check, taken_port, _taker = _ports.port_in_use, None, socket.socket()
+
+
+def _taken_first(port, host="127.0.0.1"):
+    # What another program did between the pick and the server's bind, once: listen on it.
+    global taken_port
+    if taken_port is None:
+        _taker.bind((host, port))
+        _taker.listen()
+        taken_port = port
+    return _real_check(port, host)
+
+
+_ports.port_in_use = _taken_first
+"""
+
+
+@pytest.mark.cluster
+def test_a_port_taken_before_its_server_binds_is_picked_again(cluster):
+    tf_dist.teardown(cluster)
+    rank1 = cluster.ranks[1].engine_id
+    cluster.view.execute(TAKE_THE_PORT, targets=rank1, block=True)
+    tfc = tf_dist.start_servers(cluster, num_ps=1)  # rank 1's first pick is taken: again
+    # Only the second pick replaced the engines (the first had started rank 0's servers).
+    assert cluster.ranks[1].engine_id != rank1
+    assert tf_dist.wait_ready(tfc, timeout=5) < 5
+    assert cluster.run(tf_dist.servers._engine_hosted) == [["ps:0", "worker:0"], ["worker:1"]]
+
+
 def test_register_server_names_tasks_and_refuses_a_second_server():
     from course_utils.tf_dist import servers
 

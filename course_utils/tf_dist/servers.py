@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import CourseCluster, current, ports
-from ..errors import PortInUse
+from ..errors import EngineError, PortInUse
 from .quiet import quiet_tensorflow
 from .spec import (
     JOBS,
@@ -80,6 +80,11 @@ def active() -> TFCluster | None:
 
 
 
+#: How many times :func:`start_servers` picks ports when one was taken before its server bound it.
+PORT_ATTEMPTS = 3
+PORT_TAKEN = "the port is taken"
+
+
 def start_servers(cluster: CourseCluster | None = None, num_ps: int = 1,
                   num_workers: int | None = None, ps_rank: int = 0,
                   timeout: float = READY_TIMEOUT) -> TFCluster:
@@ -98,23 +103,32 @@ def start_servers(cluster: CourseCluster | None = None, num_ps: int = 1,
     if tfc is not None and tfc.roles == roles and tfc.engine_ids == _engine_ids(cc) \
             and not unanswered(_addresses(tfc), timeout=2):
         return tfc
-    hosted = cc.run(_engine_hosted, timeout=30)
-    if any(hosted):
-        cc.restart()
     t0 = time.perf_counter()
-    rm = cc.ranks
-    addr_by_rank = [r.addr for r in rm]
-    counts = [len(tasks_on_rank(roles, r)) for r in range(rm.world_size)]
-    picked = cc.run_per_rank(ports.free_ports, [(n, a) for n, a in zip(counts, addr_by_rank,
-                                                                       strict=True)], timeout=30)
-    ports_by_task: dict[tuple[str, int], int] = {}
-    for rank in range(rm.world_size):
-        for task, port in zip(tasks_on_rank(roles, rank), picked[rank], strict=True):
-            ports_by_task[task] = port
-    spec = cluster_dict(roles, addr_by_rank, ports_by_task)
-    threads = inter_op_threads(spec)
-    args = [(spec, tasks_on_rank(roles, r), threads) for r in range(rm.world_size)]
-    cc.run_per_rank(_engine_start, args, timeout=max(60.0, timeout + 40))
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        hosted = cc.run(_engine_hosted, timeout=30)
+        if any(hosted):
+            cc.restart()
+        rm = cc.ranks
+        addr_by_rank = [r.addr for r in rm]
+        counts = [len(tasks_on_rank(roles, r)) for r in range(rm.world_size)]
+        picked = cc.run_per_rank(ports.free_ports, [(n, a) for n, a in zip(
+            counts, addr_by_rank, strict=True)], timeout=30)
+        ports_by_task: dict[tuple[str, int], int] = {}
+        for rank in range(rm.world_size):
+            for task, port in zip(tasks_on_rank(roles, rank), picked[rank], strict=True):
+                ports_by_task[task] = port
+        spec = cluster_dict(roles, addr_by_rank, ports_by_task)
+        threads = inter_op_threads(spec)
+        args = [(spec, tasks_on_rank(roles, r), threads) for r in range(rm.world_size)]
+        try:
+            cc.run_per_rank(_engine_start, args, timeout=max(60.0, timeout + 40))
+            break
+        except EngineError as exc:
+            # A free port can be taken before the server binds it (another program's outgoing
+            # connection gets ports from the same range): the engines that started servers are
+            # replaced and fresh ports picked, a few times.
+            if PORT_TAKEN not in str(exc) or attempt == PORT_ATTEMPTS:
+                raise
     tfc = TFCluster(roles=roles, cluster=spec, inter_op=threads, engine_ids=_engine_ids(cc))
     _STATE["tfc"] = tfc
     _register_hooks(cc)
@@ -268,7 +282,7 @@ def _engine_start(spec: dict[str, list[str]], tasks: list[tuple[str, int]],
     for job, idx in tasks:
         host, port = split_address(spec[job][idx])
         if ports.port_in_use(port, host):
-            raise PortInUse(f"{job}:{idx} cannot listen on {host}:{port}: the port is taken",
+            raise PortInUse(f"{job}:{idx} cannot listen on {host}:{port}: {PORT_TAKEN}",
                             "run cu.tf_dist.start_servers() again: it picks fresh ports")
         server = tf.distribute.Server(cluster_spec, job_name=job, task_index=idx, config=cfg,
                                       protocol="grpc", start=True)
