@@ -94,7 +94,7 @@ SHARED = {
 #: xdist may hand them out one by one.
 SPREAD = {"test_instructor_release.py", "test_mistakes.py"}
 #: Started first, so the longest groups do not end up last on one worker.
-FIRST = ("test_instructor_grade.py", "rig-twohosts", "notebooks", "test_viz_gallery.py",
+FIRST = ("test_instructor_grade.py", "rig-twohosts", "test_viz_gallery.py", "notebooks",
          "rig-slurm", "rig-browser")
 
 
@@ -124,6 +124,8 @@ def pytest_collection_modifyitems(config, items) -> None:
         return
 
     def rank(item) -> int:
+        if alone(item.nodeid):  # last: by then the other worker has little left to hold up
+            return len(FIRST) + 1
         name = item.path.name
         group = "notebooks" if item.path.suffix == ".ipynb" else \
             name if name in SPREAD else SHARED.get(name, name)
@@ -206,6 +208,9 @@ else:
             return scope_of(nodeid)
 
     def pytest_xdist_make_scheduler(config, log):
+        # Keep the order pytest_collection_modifyitems gave (xdist would sort the scopes by
+        # their number of tests, which puts a notebook's many cells before the one long test).
+        config.option.loadscopereorder = False
         return CourseScheduling(config, log)
 
 
