@@ -123,7 +123,6 @@ def join_within(coordinator: Any, timeout: float = 60.0,
     (or ``schedule()``, then marked so) raised, e.g. after a ps was lost. Raises
     :class:`TFTimeout` if it is still waiting (the call keeps waiting in a daemon thread).
     """
-
     box: dict[str, Any] = {}
 
     def _join() -> None:

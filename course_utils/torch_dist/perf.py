@@ -242,8 +242,8 @@ def load_ring(cluster: Any = None, notebook: str | Path = "01_collectives.ipynb"
     return str(cc.run(engine_ring_ok, timeout=60)[0])
 
 
-#: A sweep whose largest message takes less than this many times its smallest was taken while
-#: the machine was busy with something else (on an idle one the ratio is 20-100).
+#: A sweep whose largest message (4 MiB) takes less than this many times its smallest (4 B)
+#: was taken while the machine was busy with something else.
 SWEEP_MIN_GROWTH = 3.0
 
 
