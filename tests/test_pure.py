@@ -71,6 +71,38 @@ def test_free_port_is_bindable_and_distinct():
     assert not ports.port_in_use(p)
 
 
+def test_free_ports_come_from_below_the_ephemeral_range():
+    # Outgoing connections get ports from the ephemeral range; a port picked below it cannot
+    # be taken by one of them between the pick and the bind.
+    low, high = ports.pick_range()
+    ephemeral_low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    assert (low, high) == (ports.PICK_FLOOR, ephemeral_low)
+    assert all(low <= p < high for p in ports.free_ports(20))
+
+
+def test_free_ports_skip_a_port_someone_listens_on(monkeypatch):
+    with socket.socket() as taken:
+        low, high = ports.pick_range()
+        for port in range(low, high):
+            try:
+                taken.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy, busy, busy + 1 if busy + 1 < high else busy - 1])
+        monkeypatch.setattr(ports.random, "randrange", lambda a, b: next(picks))
+        got = ports.free_ports(1)
+        assert got != [busy] and low <= got[0] < high
+
+
+def test_free_ports_let_the_os_pick_when_the_range_leaves_no_room(monkeypatch):
+    monkeypatch.setattr(ports, "pick_range", lambda: (0, 0))
+    many = ports.free_ports(3)
+    assert len(set(many)) == 3 and all(0 < p < 65536 for p in many)
+
+
 def test_port_in_use_detects_a_listener():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -333,6 +333,22 @@ STUCK = textwrap.dedent("""
     fail = tf.function(lambda: tf.debugging.assert_equal(v, -1.0))
     print("error", tf_dist.join_within(coord, timeout=60, schedule=[fail])[0] is not None,
           flush=True)
+    for _ in range(3):
+        coord.schedule(bump)
+    print("join", tf_dist.join(coord, timeout=60) >= 0, int(v.numpy()), flush=True)
+    nan = tf.function(lambda: tf.debugging.check_numerics(tf.math.log(v - 100.0), "log<0"))
+    coord.schedule(nan)
+    try:  # the step's own error (at run time, on the worker), as join() raised it
+        tf_dist.join(coord, timeout=60)
+    except tf.errors.InvalidArgumentError as exc:
+        print("join raises", "log<0" in str(exc), flush=True)
+    slow = tf.function(lambda: tf.py_function(lambda: time.sleep(3) or 0.0, [], tf.float32))
+    coord.schedule(slow)
+    try:
+        tf_dist.join(coord, timeout=0.5)
+    except tf_dist.TFTimeout as exc:
+        print("join times out", "Fix:" in str(exc), flush=True)
+    tf_dist.join(coord, timeout=60)
     handler = coord._cluster.failure_handler
     print("healthy retired", tf_dist.retire_coordinators(only_stuck=True), flush=True)
     from tensorflow.python.eager import context
@@ -362,6 +378,7 @@ def test_retire_coordinators_frees_a_coordinator_stuck_reconnecting():
     out = subprocess.run([sys.executable, "-c", STUCK], capture_output=True, text=True,
                          timeout=120)
     lines = set(out.stdout.splitlines())
-    assert {"join_within None 3", "error True", "healthy retired 0", "tf stop waits True",
+    assert {"join_within None 3", "error True", "join True 6", "join raises True",
+            "join times out True", "healthy retired 0", "tf stop waits True",
             "stuck retired 1", "again 0", "del waits False"} <= lines, \
         out.stdout + out.stderr[-2000:]

@@ -1,26 +1,56 @@
 """Free-port choice and port checks. These run on the engine that must listen (rank 0 for the
-torch master port, each TF task for its server port), so "free" is true where it matters."""
+torch master port, each TF task for its server port), so "free" is true where it matters.
+
+Ports are picked below the kernel's ephemeral range: the OS hands ports from that range to
+every outgoing connection, so a port picked there (``bind(0)``) can be taken by some other
+program's connection in the moment between the pick and the server's bind (seen in CI as
+``PortInUse ... the port is taken``). Below the range only another listener can take it."""
 
 from __future__ import annotations
 
+import random
 import socket
+
+PICK_FLOOR = 20000          # lowest port picked; well above the registered services people run
+PICK_TRIES = 200
+
+
+def pick_range() -> tuple[int, int]:
+    """``(low, high)``: the ports :func:`free_ports` picks from, ``high`` excluded; ``(0, 0)``
+    when the ephemeral range starts too low to leave room (then the OS picks)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            ephemeral_low = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):   # not Linux: macOS's range starts at 49152
+        ephemeral_low = 49152
+    if ephemeral_low - PICK_FLOOR < 1000:
+        return (0, 0)
+    return (PICK_FLOOR, ephemeral_low)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that nothing listens on at ``host`` right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that nothing listens on at ``host`` right now."""
+    return free_ports(1, host)[0]
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct free ports (held open together so the OS cannot hand one out twice)."""
-    socks = []
+    """``count`` distinct free ports (held open together so none is handed out twice), below
+    the ephemeral range where the machine allows it."""
+    low, high = pick_range()
+    socks: list[socket.socket] = []
     try:
-        for _ in range(count):
+        tries = 0
+        while len(socks) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
             socks.append(s)
+            port = random.randrange(low, high) if high and tries < PICK_TRIES else 0
+            tries += 1
+            try:
+                s.bind((host, port))
+            except OSError:
+                if port == 0:
+                    raise
+                socks.pop().close()
         return [int(s.getsockname()[1]) for s in socks]
     finally:
         for s in socks:

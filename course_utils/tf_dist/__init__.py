@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from .coordinator import (
     connect_coordinator,
+    join,
     join_within,
     prepare_chief,
     retire_coordinators,
@@ -68,8 +69,8 @@ from .wiring import adopt_servers, hosted_by_rank, pick_ports, run_training
 __all__ = [
     "JOBS", "READY_TIMEOUT", "TFCluster", "TFServerNotAnswering", "TFTimeout", "active",
     "adopt_servers", "cluster_dict", "connect_coordinator", "cross_task_traffic",
-    "guard_message", "hosted_by_rank", "inter_op_threads", "intra_op_threads", "join_within",
-    "kill_rank", "make_tf_config", "pick_ports", "plan_roles", "prepare_chief",
+    "guard_message", "hosted_by_rank", "inter_op_threads", "intra_op_threads", "join",
+    "join_within", "kill_rank", "make_tf_config", "pick_ports", "plan_roles", "prepare_chief",
     "quiet_tensorflow", "register_server", "reset_ps", "retire_coordinators", "run_training",
     "server_config",
     "session_config", "short_error", "split_address", "start_servers", "step_guard",

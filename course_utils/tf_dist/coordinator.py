@@ -112,6 +112,31 @@ def _ps_index(device: str) -> int:
 
 
 
+def join(coordinator: Any, timeout: float = 300.0) -> float:
+    """``coordinator.join()`` with a time limit: what unit 5's cells call, so that a task lost
+    for good gives an error instead of a cell that never ends. Returns the seconds it waited.
+    A step's own error (a mistake in the learner's step, a lost ps) is raised as ``join()``
+    raised it; raises :class:`TFTimeout` if ``join()`` is still waiting after ``timeout`` s."""
+    box: dict[str, BaseException] = {}
+
+    def _join() -> None:
+        try:
+            coordinator.join()
+        except Exception as exc:  # the coordinator re-raises what a step raised
+            box["error"] = exc
+
+    t0 = time.monotonic()
+    if not _finished_within(_join, timeout, "course-join"):
+        raise TFTimeout(f"coordinator.join() still waiting after {timeout:g} s: a step has not "
+                        "finished, or a task it needs is gone",
+                        "check the tasks with cu.tf_dist.wait_ready(tfc); if one is gone, run "
+                        "cu.tf_dist.teardown(), restart the kernel and run the notebook from the "
+                        "servers' cell")
+    if "error" in box:
+        raise box["error"]
+    return time.monotonic() - t0
+
+
 def join_within(coordinator: Any, timeout: float = 60.0,
                 schedule: Sequence[Callable[[], Any]] = ()) -> tuple[str | None, float]:
     """``coordinator.join()``, waited for at most ``timeout`` seconds.
