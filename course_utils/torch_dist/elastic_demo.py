@@ -78,10 +78,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # Leave without the interpreter's and C++'s exit-time clean-up: in torch 2.14 a worker
-    # restarted by torchrun sometimes aborts there, after its work is done ("terminate called
-    # without an active exception", SIGABRT, in 2 of 84 runs here), and torchrun then reports
-    # the job failed.
+    # Leave without the interpreter's and C++'s exit-time clean-up: with torch 2.14 a worker
+    # here sometimes aborted there, after its work was done ("terminate called without an
+    # active exception", SIGABRT, in 2 of 84 runs of the drill), and torchrun then reported the
+    # job failed.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
