@@ -25,7 +25,7 @@ from rigs.slurm import SlurmRig, wait_until
 
 import course_utils as cu
 from course_utils import cli
-from course_utils.cluster import engine, lifecycle, slurm
+from course_utils.cluster import engine, lifecycle, ports, slurm
 from course_utils.cluster.profiles import (
     ClusterProfile,
     SlurmSpec,
@@ -140,6 +140,8 @@ def test_batch_script_picks_its_rendezvous_port_on_the_node_unless_given(tmp_pat
                               capture_output=True, text=True, timeout=30, check=True).stdout)
     with socket.socket() as sock:  # free when the script looked
         sock.bind(("", port))
+    low, high = ports.pick_range()  # and below the ephemeral range, as every port we pick
+    assert low <= port < high
     fixed = make_sbatch_script(rig_ddp_profile(), rdzv_port=29555)
     assert "RDZV_PORT=29555" in fixed.splitlines()
     assert check_sbatch_script(fixed, expect={"--rdzv-endpoint": "$HEAD_NODE:29555"}).ok
@@ -590,3 +592,44 @@ def test_a_slurm_job_spans_the_two_hosts(two_node_slurm, tmp_path):
     finally:
         cu.stop()
     assert rig.wait_job(int(job), timeout=15) == "CANCELLED"
+
+
+def test_unit6_batch_script_runs_on_two_nodes_and_every_rank_ends_equal(two_node_slurm, tmp_path):
+    """Unit 6's batch script, from the course's Slurm profile changed only where the rig
+    differs, on two nodes: the rendezvous on the first node, one torchrun per node, gloo over
+    the hosts' link."""
+    from rigs.twohosts import IFNAME
+
+    rig, hosts = two_node_slurm
+    data = tomllib.loads((Path(__file__).parents[1] / "profiles" / "slurm.toml").read_text())
+    data.update(controller_ip=hosts.controller_ip, socket_ifname=IFNAME, engines=2)
+    data["slurm"].update(partition=rig.partition, nodes=2, cpus_per_engine=1,
+                         gpus_per_engine=0, time="5")
+    text = make_sbatch_script(profile_from_dict(data, name="slurm-two"),
+                              script_args=["--steps", "3", "--backend", "gloo"])
+    check = check_sbatch_script(text, expect={"nodes": "2", "--nnodes": "2",
+                                              "--nproc-per-node": "1"})
+    assert check.ok, check.errors
+    script = write_sbatch_script(tmp_path / "ddp2.sbatch", text)
+    t0 = time.perf_counter()
+    job = int(rig.run(["sbatch", "--parsable", str(script)], cwd=tmp_path).stdout.split(";")[0])
+    out = tmp_path / f"course-ddp-{job}.out"
+    fields = finished_job(rig, job, out, timeout=300)
+    log = out.read_text()
+    print(f"\njob {job} in {time.perf_counter() - t0:.1f} s (sbatch to end): " + " ".join(
+        f"{k}={fields.get(k)}" for k in ("JobState", "ExitCode", "NodeList", "NumNodes"))
+        + f"\n{log}")
+    head = re.search(r"^job \d+: 2 node\(s\) \((\S+)\) x 1 process\(es\), "
+                     r"rendezvous on (\S+):(\d+)$", log, re.M)
+    assert head and head[2] == "rig-a", log
+    ranks = sorted((json.loads(line) for line in log.splitlines() if line.startswith("{")),
+                   key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1], log
+    # One rank on each node, each on its own host; equal weights after the all_reduces.
+    assert sorted(r["node_rank"] for r in ranks) == [0, 1]
+    assert sorted(r["host"] for r in ranks) == ["rig-a", "rig-b"]
+    assert ranks[0]["master"].split(":")[0] in ("rig-a", hosts.host("a").address)
+    for r in ranks:
+        assert (r["world_size"], r["local_rank"], r["steps"]) == (2, 0, 3)
+        assert (r["backend"], r["replica_spread"]) == ("gloo", 0.0)
+    assert len({r["checksum"] for r in ranks}) == 1, ranks

@@ -34,9 +34,10 @@ SCRIPT_MODULE = "course_utils.torch_dist.ddp_script"
 RDZV_PORT = 29400
 
 #: Bash that prints a TCP port free on this node right now (the batch script runs on the
-#: allocation's first node, where the rendezvous store listens). ``{python}``: the interpreter.
-_FREE_PORT = ("{python} -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); "
-              "print(s.getsockname()[1])'")
+#: allocation's first node, where the rendezvous store listens), picked as the course picks
+#: every port (below the ephemeral range: see cluster/ports.py). ``{python}``: the interpreter.
+_FREE_PORT = ("{python} -c 'from course_utils.cluster.ports import free_port; "
+              "print(free_port(\"\"))'")
 
 
 def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,

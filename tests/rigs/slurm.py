@@ -14,7 +14,9 @@ With ``hosts=`` a two-host rig (tests/rigs/twohosts.py), the cluster has one ``s
 simulated host instead, each in its host's network namespace (node ``rig-a`` at the host's bridge
 address, ...): a job with ``--nodes=2`` spans both "hosts". ``slurmctld`` then runs in the first
 host's namespace (a head node that is also a compute node); the daemons bind to any address,
-and a namespace has only its bridge address (and its own loopback).
+and a namespace has only its bridge address (and its own loopback). Each slurmd (and so each
+job step) also has the node's name as its host name and an ``/etc/hosts`` naming both nodes,
+so node names resolve as on a real cluster.
 
 Use it through the session fixture :func:`slurm_rig` (import it into a test module), or by hand::
 
@@ -411,8 +413,12 @@ class SlurmRig:
         key.chmod(0o400)
         (self.root / "plugstack.conf").write_text("")
         node_lines = "\n".join(
-            f"NodeName={name} NodeAddr={addr} NodeHostname={_short_hostname()} CPUs={self.cpus} "
-            "State=UNKNOWN" for name, (_, addr) in self.nodes.items())
+            f"NodeName={name} NodeAddr={addr} NodeHostname={name if netns else _short_hostname()} "
+            f"CPUs={self.cpus} State=UNKNOWN" for name, (netns, addr) in self.nodes.items())
+        if any(netns for netns, _ in self.nodes.values()):
+            # Each namespaced node gets this as its /etc/hosts (see _start_daemons).
+            (self.root / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
+                f"{addr} {name}\n" for name, (_, addr) in self.nodes.items()))
         # One node: bind where this machine's name resolves (loopback). Hosts in namespaces:
         # bind to any address (a namespace has only its own), as the name resolves to loopback.
         one = len(self.nodes) == 1 and next(iter(self.nodes.values()))[0] is None
@@ -461,8 +467,15 @@ class SlurmRig:
         self._spawn("slurmctld", [*inside(head), which("slurmctld") or "slurmctld", "-D", "-f",
                                   str(self.conf)])
         for name, (netns, _) in self.nodes.items():
-            self._spawn(f"slurmd-{name}", [*inside(netns), which("slurmd") or "slurmd", "-D", "-f",
-                                           str(self.conf), "-N", name])
+            # A node in a namespace also gets a host name and an /etc/hosts of its own (UTS and
+            # mount namespaces), as a real cluster's nodes have: every node resolves every
+            # node's name to its address, which torchrun's rendezvous relies on. Its jobs
+            # inherit both.
+            own = ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c",
+                   'mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"',
+                   "node-setup", str(self.root / "hosts"), name] if netns else []
+            self._spawn(f"slurmd-{name}", [*inside(netns), *own, which("slurmd") or "slurmd",
+                                           "-D", "-f", str(self.conf), "-N", name])
 
         def nodes_idle() -> bool:
             self._check_alive()
