@@ -107,6 +107,27 @@ def test_tiny_run_resumes_exactly():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork child: Linux")
+def test_wait_elastic_stops_torchrun_and_its_workers_at_the_timeout(tmp_path):
+    import psutil
+
+    from course_utils.errors import CourseError
+
+    handle = faults.start_elastic(str(tmp_path / "elastic"), steps=8, crash_at=4)
+    agent = psutil.Process(handle["proc"].pid)
+    deadline = time.monotonic() + 60  # until torchrun has started its workers
+    while len(agent.children(recursive=True)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    workers = agent.children(recursive=True)
+    assert len(workers) >= 2, "torchrun started no workers within 60 s"
+    t0 = time.monotonic()
+    with pytest.raises(CourseError, match="did not finish within 0.5 s") as err:
+        faults.wait_elastic(handle, timeout=0.5)
+    assert "Fix:" in str(err.value) and time.monotonic() - t0 < 20
+    assert handle["proc"].poll() is not None
+    # The workers run in sessions of their own: killing torchrun alone would leave them.
+    assert not [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE]
+
+
 def test_atomic_save_child_really_dies_mid_save(tmp_path):
     torch = pytest.importorskip("torch")
     from course_utils.checks import faults as probes

@@ -181,10 +181,40 @@ def wait_elastic(handle: dict[str, Any], timeout: float = 150.0) -> dict[str, An
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise CourseError(f"torchrun did not finish within {timeout:g} s",
+        stop_torchrun(proc)
+        raise CourseError(f"torchrun did not finish within {timeout:g} s (stopped, with its "
+                          "workers)",
                           "re-run the cell; on a slow machine pass a larger timeout=") from None
     lines = [ln for ln in out.splitlines() if ln.startswith("[elastic]")]
     return {"lines": lines, "seconds": time.perf_counter() - handle["t0"],
             "returncode": proc.returncode, "stderr_tail": err.splitlines()[-3:]}
+
+
+def stop_torchrun(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop a ``torchrun`` and every worker it started. The workers run in sessions of their
+    own, so killing torchrun alone would leave them running: SIGTERM first (torchrun then stops
+    its workers), after ``grace`` seconds SIGKILL to torchrun and to what is left of them."""
+    import psutil
+
+    try:
+        workers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        workers = []
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for worker in workers:  # psutil checks it is still the same process before signalling
+        try:
+            worker.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(workers, timeout=grace)
+    try:  # read the pipes only now: a live worker holds them open
+        proc.communicate(timeout=grace)
+    except subprocess.TimeoutExpired:
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe:
+                pipe.close()
