@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 
 import pytest
@@ -78,6 +79,10 @@ def test_free_ports_come_from_below_the_ephemeral_range():
     ephemeral_low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     assert (low, high) == (ports.PICK_FLOOR, ephemeral_low)
     assert all(low <= p < high for p in ports.free_ports(20))
+    random.seed(0)  # a learner's seed must not make every process pick the same ports
+    first = ports.free_ports(3)
+    random.seed(0)
+    assert ports.free_ports(3) != first
 
 
 def test_free_ports_skip_a_port_someone_listens_on(monkeypatch):
@@ -92,7 +97,7 @@ def test_free_ports_skip_a_port_someone_listens_on(monkeypatch):
         taken.listen()
         busy = taken.getsockname()[1]
         picks = iter([busy, busy, busy + 1 if busy + 1 < high else busy - 1])
-        monkeypatch.setattr(ports.random, "randrange", lambda a, b: next(picks))
+        monkeypatch.setattr(ports._RNG, "randrange", lambda a, b: next(picks))
         got = ports.free_ports(1)
         assert got != [busy] and low <= got[0] < high
 

@@ -13,6 +13,9 @@ import socket
 
 PICK_FLOOR = 20000          # lowest port picked; well above the registered services people run
 PICK_TRIES = 200
+# Its own generator: a seeded global `random` (a learner's random.seed(0)) would make every
+# process pick the same ports in the same order.
+_RNG = random.SystemRandom()
 
 
 def pick_range() -> tuple[int, int]:
@@ -43,7 +46,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
         while len(socks) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             socks.append(s)
-            port = random.randrange(low, high) if high and tries < PICK_TRIES else 0
+            port = _RNG.randrange(low, high) if high and tries < PICK_TRIES else 0
             tries += 1
             try:
                 s.bind((host, port))
