@@ -10,6 +10,13 @@ import time
 
 import pytest
 
+# torch before TensorFlow in every test process, as the notebooks do it: once a process has
+# imported TensorFlow, torch cannot load triton (course_utils/compat.py refuses, to turn a
+# crash into an error), so an in-process TF test followed by a torch test would fail. Runs of
+# the whole suite import torch at collection anyway (test_torch_track.py); a run of a few
+# files may not.
+import torch  # noqa: E402, F401
+
 # Notebook kernels (nbval) inherit this environment, so they use the test cluster id, too.
 os.environ.setdefault("COURSE_CLUSTER_ID", "pytest")
 # Under xdist every worker gets its own cluster id (and working folder), so each has its own
