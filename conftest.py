@@ -10,12 +10,14 @@ import time
 
 import pytest
 
-# torch before TensorFlow in every test process, as the notebooks do it: once a process has
-# imported TensorFlow, torch cannot load triton (course_utils/compat.py refuses, to turn a
-# crash into an error), so an in-process TF test followed by a torch test would fail. Runs of
-# the whole suite import torch at collection anyway (test_torch_track.py); a run of a few
-# files may not.
-import torch  # noqa: E402, F401
+
+def pytest_configure(config) -> None:
+    # torch before TensorFlow in every test process, as the notebooks do it: once a process
+    # has imported TensorFlow, torch cannot load triton (course_utils/compat.py refuses, to
+    # turn a crash into an error), so an in-process TF test followed by a torch test would
+    # fail. The whole suite imports torch at collection anyway (test_torch_track.py); a run of
+    # a few files may not. Here, not at the top: scripts that import conftest stay light.
+    import torch  # noqa: F401
 
 # Notebook kernels (nbval) inherit this environment, so they use the test cluster id, too.
 os.environ.setdefault("COURSE_CLUSTER_ID", "pytest")

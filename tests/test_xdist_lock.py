@@ -6,8 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import MachineLock, alone
 
@@ -16,16 +19,36 @@ HOLD = textwrap.dedent("""
     import sys, time
     from conftest import MachineLock
     lock = MachineLock(sys.argv[1])
+    print("taking", flush=True)
     lock.take(sys.argv[2])
     print("held", flush=True)
     time.sleep(float(sys.argv[3]))
 """)
 
 
-def _other_worker(folder: Path, kind: str, seconds: float) -> subprocess.Popen:
+def _line(proc: subprocess.Popen, timeout: float = 30.0) -> str:
+    """The child's next line, or a failure after ``timeout`` s (a broken lock must not hang
+    the suite)."""
+    got: list[str] = []  # a thread, not select(): the line may already sit in the buffer
+    reader = threading.Thread(target=lambda: got.append(proc.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not got:
+        proc.kill()
+        pytest.fail(f"the lock's child said nothing for {timeout:g} s")
+    return got[0].strip()
+
+
+def _start(folder: Path, kind: str, seconds: float) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), kind, str(seconds)],
                             cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
+    assert _line(proc) == "taking"
+    return proc
+
+
+def _other_worker(folder: Path, kind: str, seconds: float) -> subprocess.Popen:
+    proc = _start(folder, kind, seconds)
+    assert _line(proc) == "held"
     return proc
 
 
@@ -51,13 +74,12 @@ def test_an_exclusive_test_waits_for_the_shared_ones_and_they_for_it(tmp_path):
 def test_a_waiting_exclusive_test_is_not_starved_by_shared_ones(tmp_path):
     mine = MachineLock(str(tmp_path))
     mine.take("shared")
-    writer = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path), "exclusive", "1"],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    writer = _start(tmp_path, "exclusive", 1)
     time.sleep(1.0)  # the writer waits on our shared lock, holding the turnstile
     mine.release()
     t0 = time.monotonic()
     mine.take("shared")  # a new shared test queues behind the writer
-    assert writer.stdout.readline().strip() == "held"
+    assert _line(writer) == "held"
     assert time.monotonic() - t0 > 0.7
     writer.wait(10)
     mine.release()
