@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import time
 
 import pytest
 
@@ -317,3 +319,48 @@ def test_an_engine_whose_host_stays_unreachable_is_reported_stopped(tmp_path, ca
         assert "no answer from the host" in caplog.text and "taking it as stopped" in caplog.text
     finally:
         engine.kill()
+
+
+def test_procs_tell_live_zombie_and_gone_processes_apart():
+    import subprocess
+    import sys
+
+    from course_utils import procs
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={**os.environ, "COURSE_TEST_MARK": "procs-1"})
+    try:
+        assert procs.pid_alive(child.pid)
+        assert procs.parent(child.pid) == os.getpid()
+        assert procs.start_time(child.pid)
+        assert child.pid in set(procs.pids_with_environ("COURSE_TEST_MARK=procs-1"))
+        assert "time.sleep(30)" in " ".join(procs.cmdline(child.pid))
+    finally:
+        child.kill()
+        deadline = time.time() + 10
+        while procs.state(child.pid) not in ("Z", None) and time.time() < deadline:
+            time.sleep(0.05)
+    assert procs.state(child.pid) == "Z", "an unreaped child is a zombie"
+    assert not procs.pid_alive(child.pid), "a zombie is not alive"
+    child.wait()
+    assert not procs.pid_alive(child.pid) and procs.start_time(child.pid) is None
+
+
+def test_notebook_cells_find_by_grade_id_or_cell_id_in_nbformat_and_json():
+    import nbformat
+
+    from course_utils import notebook_cells as nc
+
+    raw = {"cells": [
+        {"cell_type": "markdown", "id": "intro", "metadata": {}, "source": ["# T"]},
+        {"cell_type": "code", "id": "c1", "metadata": {"nbgrader": {"grade_id": "ex1"}},
+         "source": ["%%px\n", "x = 1\n"]},
+    ]}
+    node = nbformat.from_dict({**raw, "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+    for cells in (raw["cells"], node.cells):
+        assert nc.grade_id(nc.find_cell(cells, "ex1")) == "ex1"
+        assert nc.find_cell(cells, "c1") is nc.find_cell(cells, "ex1")
+        assert nc.find_cell(cells, "intro", cell_type="code") is None
+        assert nc.find_cell(cells, "nope") is None
+        assert nc.without_px(nc.source_text(nc.find_cell(cells, "ex1"))) == "x = 1"
+    assert nc.nbgrader_meta(raw["cells"][0]) == {}

@@ -1,0 +1,41 @@
+"""Cells of a notebook by their nbgrader metadata or id: one place for the look-ups that
+grading, the release, the slides, the learner's home page and the lessons' helpers share.
+Works on nbformat nodes and on plain ``json.load`` dicts alike (standard library only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def nbgrader_meta(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the cell's nbgrader metadata ({} when it has none)."""
+    return dict(cell.get("metadata", {}).get("nbgrader", {}))
+
+
+def grade_id(cell: Mapping[str, Any]) -> str:
+    """The cell's nbgrader ``grade_id`` ("" when it has none)."""
+    return str(nbgrader_meta(cell).get("grade_id", "") or "")
+
+
+def source_text(cell: Mapping[str, Any]) -> str:
+    """The cell's source as one string (a saved notebook may store it as a list of lines)."""
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else str(src)
+
+
+def find_cell(cells: Iterable[Mapping[str, Any]], key: str,
+              cell_type: str | None = None) -> Mapping[str, Any] | None:
+    """The first cell whose ``grade_id`` or cell ``id`` is ``key`` (of ``cell_type`` if given),
+    None if there is none."""
+    for cell in cells:
+        if cell_type and cell.get("cell_type") != cell_type:
+            continue
+        if key and key in (grade_id(cell), cell.get("id")):
+            return cell
+    return None
+
+
+def without_px(source: str) -> str:
+    """``source`` without its ``%%px`` line(s): the Python a ``%%px`` cell runs on the engines."""
+    return "\n".join(ln for ln in source.splitlines() if not ln.startswith("%%px"))
