@@ -155,33 +155,32 @@ def test_atomic_save_child_really_dies_mid_save(tmp_path):
 
 
 def test_tf_drill_spec_names_the_missing_ps():
-    from course_utils.tf_dist import TFServerNotAnswering
-    from course_utils.tf_dist import faults as tf_faults
+    from course_utils.tf_dist import TaskSet, TFServerNotAnswering, wait_ready
+    from course_utils.tf_dist import tasks as tf_tasks
 
-    tp = tf_faults.TaskProcesses(roles={"ps": [0], "worker": [0, 1]},
-                                 cluster={"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2",
-                                                                             "127.0.0.1:3"]})
-    broken = tf_faults.with_missing_ps(tp)
+    tp = TaskSet(roles={"ps": [0], "worker": [0, 1]},
+                 cluster={"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2", "127.0.0.1:3"]})
+    broken = tf_tasks.with_missing_ps(tp)
     assert broken["ps"][0] != tp.cluster["ps"][0] and broken["worker"] == tp.cluster["worker"]
     assert tp.rank_of("worker:1") == 1 and "worker:1" in tp.table()
     with pytest.raises(TFServerNotAnswering, match=r"ps:0 at 127\.0\.0\.1:\d+.*\nFix: start"):
-        tf_faults.wait_tasks(broken, timeout=0.3)
+        wait_ready(broken, timeout=0.3)
 
 
 def test_task_kill_waits_until_the_process_is_gone():
-    from course_utils.tf_dist import faults as tf_faults
+    from course_utils.tf_dist import tasks as tf_tasks
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    tf_faults._PIDS["ps:9"] = proc.pid
+    tf_tasks._PIDS["ps:9"] = proc.pid
     try:
         t0 = time.perf_counter()
-        assert tf_faults.engine_kill_task("ps:9") == proc.pid
+        assert tf_tasks.engine_kill_task("ps:9") == proc.pid
         assert time.perf_counter() - t0 < 5
         with pytest.raises(ProcessLookupError):
             os.kill(proc.pid, 0)
         with pytest.raises(KeyError, match="ps:9"):
-            tf_faults.engine_kill_task("ps:9")
-        assert tf_faults.engine_stop_tasks() == 0
+            tf_tasks.engine_kill_task("ps:9")
+        assert tf_tasks.engine_stop_tasks() == 0
     finally:
         proc.kill()
 
@@ -189,8 +188,8 @@ def test_task_kill_waits_until_the_process_is_gone():
 def test_one_task_starter_per_host():
     from types import SimpleNamespace
 
-    from course_utils.tf_dist import faults as tf_faults
+    from course_utils.tf_dist import tasks as tf_tasks
 
     ranks = [SimpleNamespace(rank=r, host=h, addr=a) for r, (h, a) in enumerate(
         [("a", "10.0.0.1"), ("a", "10.0.0.1"), ("b", "10.0.0.2"), ("b", "10.0.0.2")])]
-    assert tf_faults.starters(SimpleNamespace(ranks=ranks)) == [0, 0, 2, 2]
+    assert tf_tasks.starters(SimpleNamespace(ranks=ranks)) == [0, 0, 2, 2]

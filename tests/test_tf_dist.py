@@ -60,6 +60,32 @@ def test_inter_op_threads_grow_with_the_task_count():
     assert tf_dist.inter_op_threads({"ps": ["a:1"] * 2, "worker": ["a:2"] * 6}) == 9
 
 
+def test_one_task_set_for_servers_and_processes():
+    ts = tf_dist.TaskSet(roles={"ps": [0], "worker": [0, 1]},
+                         cluster={"ps": ["a:1"], "worker": ["a:2", "b:3"]})
+    assert ts.rank_of("worker", 1) == ts.rank_of("worker:1") == 1
+    assert ts.addresses() == {"ps:0": "a:1", "worker:0": "a:2", "worker:1": "b:3"}
+    assert "pid" not in ts.table() and "worker:1     1  b:3" in ts.table()
+    ts.pids = {"ps:0": 41, "worker:0": 42, "worker:1": 43}
+    assert "    43  b:3" in ts.table()
+    with pytest.raises(tf_dist.TFServerNotAnswering, match="not started by"):
+        ts.stop()
+    ts.stopper = lambda: "stopped"
+    assert ts.stop() == "stopped"
+
+
+def test_wait_ready_names_the_missing_task_and_the_fix_for_its_kind():
+    dead = f"127.0.0.1:{free_port()}"
+    spec = {"ps": [dead], "worker": [dead]}
+    for tasks, fix in ((spec, "correct its address"),
+                       (tf_dist.TaskSet({"ps": [0], "worker": [1]}, spec), "start_servers"),
+                       (tf_dist.TaskSet({"ps": [0], "worker": [1]}, spec,
+                                        hosted_in="processes"), "tasks.start")):
+        with pytest.raises(tf_dist.TFServerNotAnswering) as err:
+            tf_dist.wait_ready(tasks, timeout=0.3)
+        assert f"ps:0 at {dead}" in err.value.cause and fix in err.value.fix
+
+
 def test_unanswered_names_missing_tasks_within_the_bound():
     t0 = time.monotonic()
     missing = tf_dist.unanswered({"ps:0": f"127.0.0.1:{free_port()}"}, timeout=1.0)
@@ -73,7 +99,7 @@ def cluster():
 
     cc = cu.start(n=2, cluster_id=f"pytest-tf-{os.getpid()}")
     yield cc
-    tf_dist.teardown(cc)
+    tf_dist.stop_servers(cc)
     cc.stop(force=True)
 
 
@@ -82,7 +108,7 @@ def test_servers_start_answer_and_rerun_reuses_them(cluster):
     tfc = tf_dist.start_servers(cluster, num_ps=2, num_workers=2)
     assert tfc.roles == ROLES_2
     assert tf_dist.wait_ready(tfc, timeout=5) < 5
-    hosted = cluster.run(tf_dist.servers._engine_hosted)
+    hosted = cluster.run(tf_dist.servers.engine_hosted)
     assert hosted == [["ps:0", "ps:1", "worker:0"], ["worker:1"]]
     env = [json.loads(e) for e in cluster.run(getenv, "TF_CONFIG")]
     assert [e["task"] for e in env] == [{"type": "worker", "index": 0},
@@ -91,7 +117,7 @@ def test_servers_start_answer_and_rerun_reuses_them(cluster):
     again = tf_dist.start_servers(cluster, num_ps=1)  # another layout: fresh engines and ports
     assert again is not tfc and again.roles == {"ps": [0], "worker": [0, 1]}
     assert set(again.cluster["ps"]).isdisjoint(tfc.cluster["ps"] + tfc.cluster["worker"])
-    assert cluster.run(tf_dist.servers._engine_hosted) == [["ps:0", "worker:0"], ["worker:1"]]
+    assert cluster.run(tf_dist.servers.engine_hosted) == [["ps:0", "worker:0"], ["worker:1"]]
 
 
 @pytest.mark.cluster
@@ -103,20 +129,20 @@ def test_a_missing_ps_is_named_within_the_bound(cluster):
     broken = dataclasses.replace(tfc, cluster={**tfc.cluster, "ps": [dead]})
     t0 = time.monotonic()
     with pytest.raises(tf_dist.TFServerNotAnswering) as err:
-        tf_dist.connect_coordinator(broken, timeout=2, cluster=cluster)
+        tf_dist.start_coordinator(broken, timeout=2, cluster=cluster)
     assert time.monotonic() - t0 < 10
     assert f"ps:0 at {dead} (rank 0)" in err.value.cause and "start_servers" in err.value.fix
 
 
 @pytest.mark.cluster
-def test_teardown_replaces_engines_that_hosted_servers(cluster):
-    tf_dist.start_servers(cluster, num_ps=1)
+def test_stop_servers_replaces_engines_that_hosted_servers(cluster):
+    tfc = tf_dist.start_servers(cluster, num_ps=1)
     old = set(cluster.ranks.engine_ids)
-    assert tf_dist.teardown(cluster) is True
+    assert tfc.stop() is True  # the set's stop is stop_servers
     assert set(cluster.ranks.engine_ids).isdisjoint(old)
-    assert cluster.run(tf_dist.servers._engine_hosted) == [[], []]
+    assert cluster.run(tf_dist.servers.engine_hosted) == [[], []]
     assert tf_dist.active() is None
-    assert tf_dist.teardown(cluster) is False  # nothing hosted: no restart
+    assert tf_dist.stop_servers(cluster) is False  # nothing hosted: no restart
 
 
 TAKE_THE_PORT = """
@@ -141,14 +167,14 @@ _ports.port_in_use = _taken_first
 
 @pytest.mark.cluster
 def test_a_port_taken_before_its_server_binds_is_picked_again(cluster):
-    tf_dist.teardown(cluster)
+    tf_dist.stop_servers(cluster)
     rank1 = cluster.ranks[1].engine_id
     cluster.view.execute(TAKE_THE_PORT, targets=rank1, block=True)
     tfc = tf_dist.start_servers(cluster, num_ps=1)  # rank 1's first pick is taken: again
     # Only the second pick replaced the engines (the first had started rank 0's servers).
     assert cluster.ranks[1].engine_id != rank1
     assert tf_dist.wait_ready(tfc, timeout=5) < 5
-    assert cluster.run(tf_dist.servers._engine_hosted) == [["ps:0", "worker:0"], ["worker:1"]]
+    assert cluster.run(tf_dist.servers.engine_hosted) == [["ps:0", "worker:0"], ["worker:1"]]
 
 
 def test_register_server_names_tasks_and_refuses_a_second_server():
@@ -160,7 +186,7 @@ def test_register_server_names_tasks_and_refuses_a_second_server():
         servers._SERVERS.clear()
         tf_dist.register_server("ps:0", a)
         tf_dist.register_server("ps:0", a)  # the same server again: fine (a re-run)
-        assert servers._engine_hosted() == ["ps:0"]
+        assert servers.engine_hosted() == ["ps:0"]
         with pytest.raises(CourseError, match="already hosts a server for ps:0"):
             tf_dist.register_server("ps:0", b)
         for bad in ("chief:0", "ps", "worker:x"):
@@ -188,10 +214,10 @@ worker_index = next((i for j, i in tf_dist.tasks_on_rank(ROLES, rank) if j == "w
 @pytest.mark.cluster
 def test_servers_started_by_hand_are_checked_adopted_and_torn_down(cluster):
     """Unit 4's path: ports from the engines, servers started by the learner's code and
-    registered, then checked, adopted, used for one step, and replaced by teardown."""
+    registered, then checked, adopted, used for one step, and replaced by stop_servers."""
     from course_utils import checks
 
-    tf_dist.teardown(cluster)
+    tf_dist.stop_servers(cluster)
     roles = tf_dist.plan_roles(cluster.world_size, num_ps=1)
     ports = tf_dist.pick_ports(cluster, roles)
     assert sorted(ports) == [("ps", 0), ("worker", 0), ("worker", 1)]
@@ -209,7 +235,7 @@ def test_servers_started_by_hand_are_checked_adopted_and_torn_down(cluster):
     assert cluster.run_on(0, checks.engine_tf_one_step, timeout=60) == pytest.approx(0.6)
     assert tf_dist.start_servers(cluster, num_ps=1) is tfc  # the helpers take over
     old = set(cluster.ranks.engine_ids)
-    assert tf_dist.teardown(cluster) is True
+    assert tf_dist.stop_servers(cluster) is True
     assert set(cluster.ranks.engine_ids).isdisjoint(old)
 
 
@@ -221,7 +247,7 @@ def test_run_training_timeout_speaks_about_hooks_not_collectives(cluster):
         tf_dist.run_training(cluster, "sleepy", timeout=1)
     assert time.monotonic() - t0 < 10
     assert "StopAtStepHook" in err.value.cause and "collective" not in err.value.cause
-    assert "teardown" in err.value.fix
+    assert "stop_servers" in err.value.fix
     time.sleep(3)  # let the engines finish sleeping before the next test
 
 
@@ -308,7 +334,7 @@ def test_cross_task_traffic_counts_what_crosses_tasks():
 # A real ClusterCoordinator (ps, worker and chief in one process) in the state unit 5's lost
 # worker leaves it in: its reconnect thread holds the failure lock (TensorFlow's
 # update_server_def waits for the lost task forever). TensorFlow's own stop(), which the
-# garbage collector runs via __del__, then waits forever; after retire_coordinators it does not.
+# garbage collector runs via __del__, then waits forever; after stop_coordinators it does not.
 STUCK = textwrap.dedent("""
     import os, threading, time
     from course_utils import tf_dist
@@ -350,7 +376,7 @@ STUCK = textwrap.dedent("""
         print("join times out", "Fix:" in str(exc), flush=True)
     tf_dist.join(coord, timeout=60)
     handler = coord._cluster.failure_handler
-    print("healthy retired", tf_dist.retire_coordinators(only_stuck=True), flush=True)
+    print("healthy retired", tf_dist.stop_coordinators(only_stuck=True), flush=True)
     from tensorflow.python.eager import context
     def reconnecting(*args, **kwargs):  # update_server_def waiting for a lost task, forever
         time.sleep(3600)
@@ -363,8 +389,8 @@ STUCK = textwrap.dedent("""
     tf_stop.start()
     tf_stop.join(3)
     print("tf stop waits", tf_stop.is_alive(), flush=True)
-    print("stuck retired", tf_dist.retire_coordinators(only_stuck=True), flush=True)
-    print("again", tf_dist.retire_coordinators(), flush=True)
+    print("stuck retired", tf_dist.stop_coordinators(only_stuck=True), flush=True)
+    print("again", tf_dist.stop_coordinators(), flush=True)
     gone = threading.Thread(target=coord.__del__, daemon=True)
     gone.start()
     gone.join(10)
@@ -374,7 +400,7 @@ STUCK = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_retire_coordinators_frees_a_coordinator_stuck_reconnecting():
+def test_stop_coordinators_frees_a_coordinator_stuck_reconnecting():
     out = subprocess.run([sys.executable, "-c", STUCK], capture_output=True, text=True,
                          timeout=120)
     lines = set(out.stdout.splitlines())

@@ -426,6 +426,7 @@ def test_unit3_ddp_training_across_hosts_keeps_replicas_equal(cluster):
 @pytest.mark.timeout(180)
 def test_tf_cluster_spec_with_ps_on_a_and_workers_on_both_hosts(rig, cluster):
     from course_utils import tf_dist
+    from course_utils.checks.tf_graph import engine_tf_one_step
 
     a, b = rig.host("a").address, rig.host("b").address
     tfc = tf_dist.start_servers(cluster, num_ps=1, num_workers=3, ps_rank=0, timeout=60)
@@ -438,7 +439,7 @@ def test_tf_cluster_spec_with_ps_on_a_and_workers_on_both_hosts(rig, cluster):
     assert configs[2]["cluster"] == tfc.cluster  # link addresses, never loopback
     assert "127.0.0.1" not in json.dumps(tfc.cluster)
     # One training step on the worker on host b; its variable lives on the ps on host a.
-    w = cluster.run_on(2, tf_dist.graph_v1._engine_one_step, timeout=90)
+    w = cluster.run_on(2, engine_tf_one_step, timeout=90)
     assert abs(w - 0.6) < 1e-5, w
 
 
@@ -595,7 +596,7 @@ def test_notebook_06_runs_unchanged_on_two_hosts(rig, cluster, profile_path, mon
     assert rig.host("b").address in text and "rig-b" in text
     setup = "".join(o.get("text", "") for o in nb.cells[2].outputs)
     assert all(str(pid) in setup for pid in pids), "the kernel did not join the running cluster"
-    # The kernel replaced every engine (tf_dist.teardown restarts them). This process, which
+    # The kernel replaced every engine (tf_dist.stop_servers restarts them). This process, which
     # started the cluster, follows (the rank map that kernel saved) instead of taking its
     # cluster for dead: it used to stop it on its next cu.start().
     assert cluster.ping(), "the cluster's owner lost the engines the notebook restarted"

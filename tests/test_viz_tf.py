@@ -43,7 +43,7 @@ def runs():
         out["placement"] = trec.placement(cc, UNIT4_PLACEMENT)
         yield out
     finally:
-        tf_dist.teardown(cc)
+        tf_dist.stop_servers(cc)
         cc.stop(force=True)
 
 

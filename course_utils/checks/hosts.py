@@ -102,9 +102,9 @@ def engine_tf_ps_step() -> dict[str, Any]:
     (lr 0.1) on (w - 3)^2 whose ``w`` lives on ps:0, wherever that is; ``w`` is 0.6 after it.
     Returns ``w``, this worker's task and the ps address (unit 6: the step crosses hosts)."""
     import __main__
-    from course_utils.tf_dist.graph_v1 import _engine_one_step
+    from course_utils.checks.tf_graph import engine_tf_one_step
 
     ns = vars(__main__)
-    w = _engine_one_step()
+    w = engine_tf_one_step()
     return {"w": w, "worker": f"worker:{ns['worker_index']}", "ps": ns["tf_cluster"]["ps"][0],
             "hostname": socket.gethostname()}

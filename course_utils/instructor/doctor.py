@@ -145,6 +145,7 @@ def check_tf_cluster(cc, timeout: float,
     and one training step on the worker moves the variable that lives on the ps.
     ``while_up(ports)`` runs while the servers are up (the exposure check)."""
     from .. import tf_dist
+    from ..checks.tf_graph import engine_tf_one_step
 
     name = "tf parameter server"
     t0 = time.perf_counter()
@@ -152,7 +153,7 @@ def check_tf_cluster(cc, timeout: float,
         tfc = tf_dist.start_servers(cc, num_ps=1, num_workers=1, ps_rank=cc.world_size - 1,
                                     timeout=min(timeout, 20))
         ready = time.perf_counter() - t0
-        w = cc.run_on(tfc.rank_of("worker", 0), tf_dist.graph_v1._engine_one_step, timeout=60)
+        w = cc.run_on(tfc.rank_of("worker", 0), engine_tf_one_step, timeout=60)
         ok = abs(w - 0.6) < 1e-5
         if while_up is not None:
             while_up({int(a.rsplit(":", 1)[1]) for job in tfc.cluster.values() for a in job})
@@ -165,7 +166,7 @@ def check_tf_cluster(cc, timeout: float,
                      getattr(exc, "fix", "run `course doctor` again; see the engine logs"))
     finally:
         with contextlib.suppress(Exception):
-            tf_dist.teardown(cc)
+            tf_dist.stop_servers(cc)
 
 
 def _rank_sum() -> float:

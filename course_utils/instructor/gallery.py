@@ -102,7 +102,7 @@ def load_unit4(cc: Any, num_ps: int = 2) -> Any:
     """Unit 4 as the notebook leaves it after exercise 3, on ``cc``'s engines: one server per
     task (``tf_dist.start_servers``, standing in for exercise 1) and the notebook's own
     ``build_graph``, ``original_graph`` and ``train`` (solution cells, by id). Returns the
-    ``TFCluster``. Used by the gallery and tests/test_viz_tf.py."""
+    ``TaskSet``. Used by the gallery and tests/test_viz_tf.py."""
     from .. import tf_dist
 
     tfc = tf_dist.start_servers(cc, num_ps=num_ps)
@@ -400,7 +400,7 @@ def _tf_part(gal: Gallery, cc: Any) -> None:
                "ParameterServerStrategy, coordinator in this process, 2 workers + 2 ps; 150 "
                "timed closures, rank 1 (worker:1) killed 0.05 s after scheduling them",
                lambda: _lost_worker(cc))
-    tf_dist.teardown(cc)
+    tf_dist.stop_servers(cc)
 
 
 def _lost_worker(cc: Any, n: int = 150) -> Any:
@@ -413,9 +413,9 @@ def _lost_worker(cc: Any, n: int = 150) -> Any:
     if tfc is None or sorted(tfc.cluster) != ["ps", "worker"] or len(tfc.cluster["ps"]) != 2:
         tfc = tf_dist.start_servers(cc, num_ps=2, num_workers=2)
     else:  # unit 4's servers (same roles): cleared, they serve the coordinator as well
-        tf_dist.reset_ps(cc, tfc)
+        tf_dist.restart_ps(cc, tfc)
     tf = tf_dist.quiet_tensorflow()
-    strategy = tf_dist.connect_coordinator(tfc, cluster=cc)
+    strategy = tf_dist.start_coordinator(tfc, cluster=cc)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     with strategy.scope():
         w = tf.Variable(tf.random.stateless_normal([64, 64], seed=[0, 1]) * 0.1)

@@ -1,7 +1,8 @@
 """Unit 5's coordinator in the notebook kernel: a ``ParameterServerStrategy`` whose chief is
 the kernel, a bounded ``join()`` and a counter of what the coordinator does about failures.
 
-The kernel imports TensorFlow only inside :func:`connect_coordinator`.
+The kernel imports TensorFlow only inside :func:`prepare_chief` and :func:`start_coordinator`;
+:func:`stop_coordinators` stops them without waiting on TensorFlow's locks.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 
 from ..cluster import CourseCluster, current, ports
 from .quiet import quiet_tensorflow, short_error
-from .servers import _STATE, TFCluster, active, wait_ready
 from .spec import READY_TIMEOUT, TFServerNotAnswering, TFTimeout, inter_op_threads, intra_op_threads
+from .taskset import TaskSet, active, wait_ready
 
 
 def _kernel_address(cc: CourseCluster) -> str:
@@ -28,26 +29,25 @@ def _kernel_address(cc: CourseCluster) -> str:
 
 
 
-def prepare_chief(tfc: TFCluster | None = None, timeout: float = READY_TIMEOUT,
-                  cluster: CourseCluster | None = None) -> str:
+def prepare_chief(tasks: TaskSet | Mapping[str, Sequence[str]] | None = None,
+                  timeout: float = READY_TIMEOUT, cluster: CourseCluster | None = None) -> str:
     """Get this kernel ready to be the coordinator ("chief"); returns a fresh chief address.
 
     Checks that every ps and worker answers first (bounded: a missing task would make the
     strategy's constructor wait forever), sizes the kernel's thread pools (only possible before
     TensorFlow's runtime started here), and picks a fresh port: the kernel's own gRPC server
     cannot be stopped, so each new strategy needs a new one. Used by ``05_...`` before the
-    learner builds ``TF_CONFIG`` and the strategy.
+    learner builds ``TF_CONFIG`` and the strategy. ``tasks``: a :class:`TaskSet` or a cluster
+    spec (default: the servers started from this kernel).
     """
     cc = cluster or current()
-    tfc = tfc or active()
-    if tfc is None:
-        raise TFServerNotAnswering("no TF servers are running on the engines",
-                                   "run cu.tf_dist.start_servers() first")
-    wait_ready(tfc, timeout=timeout)
-    retire_coordinators(only_stuck=True)
+    tasks = tasks if tasks is not None else active()
+    spec = _spec_of(tasks)
+    wait_ready(tasks if isinstance(tasks, TaskSet) else spec, timeout=timeout)
+    stop_coordinators(only_stuck=True)
     tf = quiet_tensorflow()
     try:  # only possible before TF's runtime started in this kernel; later runs keep the first
-        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads(tfc.cluster))
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads(spec))
         tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads())
     except RuntimeError:
         pass
@@ -56,24 +56,32 @@ def prepare_chief(tfc: TFCluster | None = None, timeout: float = READY_TIMEOUT,
 
 
 
-def connect_coordinator(tfc: TFCluster | None = None, variable_partitioner: Any = None,
-                        timeout: float = READY_TIMEOUT,
-                        cluster: CourseCluster | None = None) -> Any:
+def _spec_of(tasks: TaskSet | Mapping[str, Sequence[str]] | None) -> dict[str, list[str]]:
+    tasks = tasks if tasks is not None else active()
+    if tasks is None:
+        raise TFServerNotAnswering("no TF servers are running on the engines",
+                                   "run cu.tf_dist.start_servers() first")
+    spec = tasks.cluster if isinstance(tasks, TaskSet) else tasks
+    return {job: list(addrs) for job, addrs in spec.items()}
+
+
+def start_coordinator(tasks: TaskSet | Mapping[str, Sequence[str]] | None = None,
+                      variable_partitioner: Any = None, timeout: float = READY_TIMEOUT,
+                      cluster: CourseCluster | None = None) -> Any:
     """A ``ParameterServerStrategy`` whose coordinator (the "chief") is this kernel.
 
     What ``05_...``'s exercise builds by hand, in one call: :func:`prepare_chief`, then a
-    resolver on the servers' spec plus the chief, then the strategy.
+    resolver on the tasks' spec plus the chief, then the strategy. ``tasks``: a
+    :class:`TaskSet` or a cluster spec (default: the servers started from this kernel).
     """
-    tfc = tfc or active()
-    chief = prepare_chief(tfc, timeout=timeout, cluster=cluster)
+    tasks = tasks if tasks is not None else active()
+    chief = prepare_chief(tasks, timeout=timeout, cluster=cluster)
     tf = quiet_tensorflow()
-    spec = {**tfc.cluster, "chief": [chief]}
+    spec = {**_spec_of(tasks), "chief": [chief]}
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(spec), task_type="chief", task_id=0, rpc_layer="grpc")
-    strategy = tf.distribute.experimental.ParameterServerStrategy(
+    return tf.distribute.experimental.ParameterServerStrategy(
         resolver, variable_partitioner=variable_partitioner)
-    _STATE["strategy_cluster"] = spec
-    return strategy
 
 
 
@@ -130,8 +138,8 @@ def join(coordinator: Any, timeout: float = 300.0) -> float:
         raise TFTimeout(f"coordinator.join() still waiting after {timeout:g} s: a step has not "
                         "finished, or a task it needs is gone",
                         "check the tasks with cu.tf_dist.wait_ready(tfc); if one is gone, run "
-                        "cu.tf_dist.teardown(), restart the kernel and run the notebook from the "
-                        "servers' cell")
+                        "cu.tf_dist.stop_servers(), restart the kernel and run the notebook from "
+                        "the servers' cell")
     if "error" in box:
         raise box["error"]
     return time.monotonic() - t0
@@ -166,15 +174,15 @@ def join_within(coordinator: Any, timeout: float = 60.0,
     t0 = time.monotonic()
     if not _finished_within(_join, timeout, "course-join"):
         raise TFTimeout(f"coordinator.join() still waiting after {timeout:g} s",
-                        "a task may be gone for good: run cu.tf_dist.teardown(), then restart "
-                        "the kernel and the servers")
+                        "a task may be gone for good: run cu.tf_dist.stop_servers(), then "
+                        "restart the kernel and the servers")
     return box["error"], time.monotonic() - t0
 
 
 
 def _no_wait_stop() -> None:
     """A retired failure handler's ``stop``: it is stopped already (see
-    :func:`retire_coordinators`)."""
+    :func:`stop_coordinators`)."""
 
 
 def _finished_within(target: Callable[[], None], timeout: float, name: str) -> bool:
@@ -188,10 +196,11 @@ def _finished_within(target: Callable[[], None], timeout: float, name: str) -> b
     return not thread.is_alive()
 
 
-def retire_coordinators(only_stuck: bool = False, timeout: float = 10.0) -> int:
+def stop_coordinators(only_stuck: bool = False, timeout: float = 10.0) -> int:
     """Stop every ``ClusterCoordinator`` this kernel still runs, without waiting on them;
     returns how many were stopped. Called by :func:`prepare_chief` (``only_stuck=True``: those
-    that lost a worker) and by :func:`~course_utils.tf_dist.teardown` (all: their servers go).
+    that lost a worker) and by :func:`~course_utils.tf_dist.stop_servers` (all: their servers
+    go).
 
     Why: a coordinator that lost a worker keeps one thread reconnecting it, and TensorFlow's
     ``update_server_def`` waits for the lost task *forever* while that thread holds the

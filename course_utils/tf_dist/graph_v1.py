@@ -1,16 +1,21 @@
-"""Unit 4's classic (``tf.compat.v1``) graph side: session configs, waiting for the chief, and
-which tensors one step moves between tasks.
+"""Unit 4's classic (``tf.compat.v1``) graph side: session configs, waiting for the chief,
+which tensors one step moves between tasks, and the step guard with the kernel's call that
+runs training (:func:`run_training`, a timeout that speaks about TensorFlow).
 
-These run on the engines (inside ``%%px`` cells), where TensorFlow is imported.
+All but :func:`run_training` run on the engines (inside ``%%px`` cells), where TensorFlow is
+imported.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .. import settings
+from ..cluster import CourseCluster, current
+from ..errors import ClusterTimeout
 from .quiet import quiet_tensorflow
 from .spec import TFTimeout, server_config
 
@@ -84,7 +89,7 @@ def guard_message(worker: int | None, runs: int, first: int, last: int, last_ste
             "too slowly: each update waits on another task (a stuck worker, or a "
             "SyncReplicasOptimizer waiting for gradients that never come)",
             "check every worker runs the same graph with the same sync setting; run "
-            "tf_dist.teardown(cluster) and start the servers again")
+            "tf_dist.stop_servers(cluster) and start the servers again")
 
 
 
@@ -155,26 +160,29 @@ def cross_task_traffic(graph: Any, batch: int) -> list[dict[str, Any]]:
     return out
 
 
+def run_training(cluster: CourseCluster | None, fn_name: str, *args: Any,
+                 timeout: float = 90.0, **kwargs: Any) -> list[Any]:
+    """``cluster.call(fn_name, ...)`` for a TF training loop; a timeout says what to check.
 
-def _engine_one_step() -> float:
-    """``course doctor``: one SGD step (lr 0.1) on (w - 3)^2 with w on the ps; returns w (0.6)."""
-    import __main__
+    The course's step guard (in the ``hooks`` every worker passes to its session) stops a loop
+    that runs too long with a message about ``global_step``; if that never fired, the loop did
+    not use the hooks at all, and this timeout says so.
+    """
+    cc = cluster or current()
+    try:
+        return cc.call(fn_name, *args, timeout=timeout, **kwargs)
+    except ClusterTimeout as err:
+        raise TFTimeout(
+            f"{fn_name}() did not return within {timeout:g} s on every worker, and the course's "
+            "step guard never fired: the session did not get the hooks (so neither "
+            "StopAtStepHook nor the guard could stop it), or a worker waits for a task that "
+            f"is gone ({_still_running(err.cause)}).",
+            "pass hooks=[StopAtStepHook(last_step=steps), *hooks] to MonitoredTrainingSession "
+            "and loop while not sess.should_stop(); the engines are still busy: run "
+            "tf_dist.stop_servers(cluster), then re-run the notebook from the servers' cells",
+        ) from None
 
-    tf = quiet_tensorflow()
-    ns = vars(__main__)
-    spec = ns["tf_cluster"]
-    wi = ns["worker_index"]
-    graph = tf.Graph()
-    with graph.as_default():
-        setter = tf.compat.v1.train.replica_device_setter(
-            worker_device=f"/job:worker/task:{wi}", cluster=tf.train.ClusterSpec(spec))
-        with tf.compat.v1.device(setter):
-            w = tf.compat.v1.get_variable("doctor_w", [],
-                                          initializer=tf.compat.v1.zeros_initializer())
-            loss = tf.square(w - 3.0)
-            step = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(loss)
-        with tf.compat.v1.Session(ns["tf_servers"][f"worker:{wi}"].target,
-                                  config=session_config(wi, spec)) as sess:
-            sess.run(tf.compat.v1.global_variables_initializer())
-            sess.run(step)
-            return float(sess.run(w))
+
+def _still_running(cause: str) -> str:
+    found = re.search(r"still running on ranks \[[^\]]*\]", cause)
+    return found.group(0) if found else "some ranks did not answer"

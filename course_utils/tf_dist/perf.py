@@ -1,7 +1,7 @@
 """Parameter-server steps per second, measured (``07_performance``): asynchronous vs synchronous
 training and one vs two ps shards, on real ``tf.distribute.Server`` tasks.
 
-The tasks are unit 8's task processes (:mod:`.faults`: one process per ps/worker task, forked on
+The tasks are unit 8's task processes (:mod:`.tasks`: one process per ps/worker task, forked on
 the engines' hosts); the client is the notebook kernel, which builds one classic
 (``tf.compat.v1``) graph per shard count and runs it through gRPC sessions, one per worker:
 
@@ -110,7 +110,7 @@ def _time_sync(session: Any, op: Any, steps: int) -> float:
 def measure_ps(spec: dict[str, list[str]], rounds: int = 5, steps: int = 10,
                width: int = 512, batch: int = 64, timeout_s: float = 30.0) -> dict[str, Any]:
     """Batches per second of async and sync training with 1 and (if the spec has two ps tasks)
-    2 shards, on the tasks of ``spec`` (e.g. :func:`.faults.start_tasks`'s ``.cluster``), the
+    2 shards, on the tasks of ``spec`` (e.g. :func:`.tasks.start`'s ``.cluster``), the
     kernel as the client. One warm-up step per configuration, then ``rounds`` rounds in which
     every configuration runs ``steps`` steps per worker in turn. Every gRPC call gives up after
     ``timeout_s`` seconds (``DeadlineExceeded``) instead of waiting for a lost task.

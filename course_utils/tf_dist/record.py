@@ -207,16 +207,16 @@ def engine_record_ps(steps: int = 40, sync: bool = False, batch: int = 64,
 def record_ps(cluster: CourseCluster | None = None, steps: int = 60,
               modes: Sequence[tuple[str, bool]] = (("async", False), ("sync", True)),
               timeout: float = 120.0) -> dict[str, list[dict[str, Any]]]:
-    """*In the kernel* (unit 4): for each ``(mode, sync)``, clear the ps (``reset_ps``), then
+    """*In the kernel* (unit 4): for each ``(mode, sync)``, clear the ps (``restart_ps``), then
     run the engines' ``train(steps, sync)`` under :func:`engine_record_ps`. Returns
     ``{"async": [one record per worker], "sync": [...]}`` for :mod:`course_utils.viz.ps`."""
     from ..cluster import current
-    from .servers import reset_ps
+    from .servers import restart_ps
 
     cc = cluster or current()
     out: dict[str, list[dict[str, Any]]] = {}
     for mode, sync in modes:
-        reset_ps(cc)
+        restart_ps(cc)
         out[mode] = [r for r in cc.run(engine_record_ps, steps, sync, timeout=timeout) if r]
     return out
 

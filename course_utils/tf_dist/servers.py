@@ -1,15 +1,15 @@
-"""``tf.distribute.Server`` tasks on the engines: start, check, tear down (units 4 and 5).
+"""``tf.distribute.Server`` tasks inside the engines: start, adopt, stop (units 4 and 5).
 
-* **Addresses and ports**: each engine that will listen picks its own free ports, so "free" is
-  true where it matters; every start picks fresh ones, so re-running a cell never collides.
-* **Readiness** (:func:`wait_ready`): before anything connects, every task must accept a
-  connection within a bounded wait; otherwise a clear error names the missing task (a missing ps
-  would make ``ParameterServerStrategy``'s constructor wait forever).
-* **Teardown** (:func:`teardown`): a gRPC server cannot be stopped inside its process, so the
-  engines that hosted servers are replaced (``cluster.restart()``). Servers are never ``join()``-ed
-  on an engine: that blocks the engine for good.
+* **Ports and readiness** come from :mod:`.taskset` (each engine picks the ports it will listen
+  on; every task answers within a bounded wait, or an error names the missing one). Every start
+  picks fresh ports, so re-running a cell never collides.
+* **Adopting** (:func:`adopt_servers`): unit 4's learner starts the servers by hand in a
+  ``%%px`` cell; the check that each rank hosts exactly its tasks hands them to the helpers.
+* **Stopping** (:func:`stop_servers`): a gRPC server cannot be stopped inside its process, so
+  the engines that hosted servers are replaced (``cluster.restart()``). Servers are never
+  ``join()``-ed on an engine: that blocks the engine for good.
 
-The ``_engine_*`` functions run on the engines.
+The ``engine_*`` functions run on the engines.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..cluster import CourseCluster, current, ports
 from ..errors import EngineError, PortInUse
+from .coordinator import stop_coordinators
 from .quiet import quiet_tensorflow
 from .spec import (
     JOBS,
@@ -37,57 +37,18 @@ from .spec import (
     tasks_on_rank,
     unanswered,
 )
-
-
-@dataclass
-class TFCluster:
-    """ps/worker servers running on the engines: roles, addresses and what each rank hosts."""
-
-    roles: dict[str, list[int]]
-    cluster: dict[str, list[str]]
-    inter_op: int
-    started_s: float = 0.0
-    engine_ids: dict[int, int] = field(default_factory=dict)  # rank -> engine id at start
-
-    def task_names(self) -> list[str]:
-        return [f"{job}:{i}" for job in JOBS for i in range(len(self.cluster.get(job, ())))]
-
-    def address(self, job: str, index: int) -> str:
-        return self.cluster[job][index]
-
-    def rank_of(self, job: str, index: int) -> int:
-        return self.roles[job][index]
-
-    def tf_config(self, job: str, index: int) -> str:
-        return json.dumps(make_tf_config(self.cluster, job, index))
-
-    def table(self) -> str:
-        rows = [f"{'task':<9} {'rank':>4}  address"]
-        for job in JOBS:
-            for i, addr in enumerate(self.cluster.get(job, ())):
-                rows.append(f"{job + ':' + str(i):<9} {self.roles[job][i]:>4}  {addr}")
-        return "\n".join(rows)
-
-
-
-_STATE: dict[str, Any] = {}
-
-
-
-def active() -> TFCluster | None:
-    """The TF cluster started from this kernel and still running, if any."""
-    return _STATE.get("tfc")
-
-
+from .taskset import IN_ENGINES, TaskSet, active, pick_ports, set_active, wait_ready
 
 #: How many times :func:`start_servers` picks ports when one was taken before its server bound it.
 PORT_ATTEMPTS = 3
 PORT_TAKEN = "the port is taken"
+#: The fix for a second server on an engine.
+RESTART_FIX = "call cu.tf_dist.stop_servers() (restarts the engines), then start again"
 
 
 def start_servers(cluster: CourseCluster | None = None, num_ps: int = 1,
                   num_workers: int | None = None, ps_rank: int = 0,
-                  timeout: float = READY_TIMEOUT) -> TFCluster:
+                  timeout: float = READY_TIMEOUT) -> TaskSet:
     """Start a ``tf.distribute.Server`` for every ps and worker task on the engines.
 
     Idempotent: the same request while those servers still answer returns them. Any other
@@ -101,27 +62,17 @@ def start_servers(cluster: CourseCluster | None = None, num_ps: int = 1,
     roles = plan_roles(cc.world_size, num_ps, num_workers, ps_rank)
     tfc = active()
     if tfc is not None and tfc.roles == roles and tfc.engine_ids == _engine_ids(cc) \
-            and not unanswered(_addresses(tfc), timeout=2):
+            and not unanswered(tfc.addresses(), timeout=2):
         return tfc
     t0 = time.perf_counter()
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        hosted = cc.run(_engine_hosted, timeout=30)
-        if any(hosted):
+        if any(cc.run(engine_hosted, timeout=30)):
             cc.restart()
-        rm = cc.ranks
-        addr_by_rank = [r.addr for r in rm]
-        counts = [len(tasks_on_rank(roles, r)) for r in range(rm.world_size)]
-        picked = cc.run_per_rank(ports.free_ports, [(n, a) for n, a in zip(
-            counts, addr_by_rank, strict=True)], timeout=30)
-        ports_by_task: dict[tuple[str, int], int] = {}
-        for rank in range(rm.world_size):
-            for task, port in zip(tasks_on_rank(roles, rank), picked[rank], strict=True):
-                ports_by_task[task] = port
-        spec = cluster_dict(roles, addr_by_rank, ports_by_task)
+        spec = cluster_dict(roles, [r.addr for r in cc.ranks], pick_ports(cc, roles))
         threads = inter_op_threads(spec)
-        args = [(spec, tasks_on_rank(roles, r), threads) for r in range(rm.world_size)]
+        args = [(spec, tasks_on_rank(roles, r), threads) for r in range(cc.world_size)]
         try:
-            cc.run_per_rank(_engine_start, args, timeout=max(60.0, timeout + 40))
+            cc.run_per_rank(engine_start, args, timeout=max(60.0, timeout + 40))
             break
         except EngineError as exc:
             # A free port can be taken before the server binds it (another program's outgoing
@@ -129,50 +80,63 @@ def start_servers(cluster: CourseCluster | None = None, num_ps: int = 1,
             # replaced and fresh ports picked, a few times.
             if PORT_TAKEN not in str(exc) or attempt == PORT_ATTEMPTS:
                 raise
-    tfc = TFCluster(roles=roles, cluster=spec, inter_op=threads, engine_ids=_engine_ids(cc))
-    _STATE["tfc"] = tfc
-    _register_hooks(cc)
-    wait_ready(tfc, timeout=timeout)
+    tfc = _adopt(cc, TaskSet(roles=roles, cluster=spec, inter_op=threads), timeout)
     tfc.started_s = time.perf_counter() - t0
     return tfc
 
 
+def adopt_servers(cluster: CourseCluster | None, roles: Mapping[str, Sequence[int]],
+                  spec: Mapping[str, Sequence[str]],
+                  timeout: float = READY_TIMEOUT) -> TaskSet:
+    """Take over servers the learner started: every task must answer within ``timeout`` and
+    every rank must host exactly its tasks. Returns the :class:`TaskSet` that ``restart_ps``,
+    ``stop_servers`` and ``start_servers`` then use, as if ``start_servers`` had started it."""
+    cc = cluster or current()
+    t0 = time.perf_counter()
+    roles = {job: list(ranks) for job, ranks in roles.items()}
+    for rank, names in enumerate(hosted_by_rank(cc)):
+        want = sorted(f"{job}:{i}" for job, i in tasks_on_rank(roles, rank))
+        if sorted(names) != want:
+            raise TFServerNotAnswering(
+                f"rank {rank} hosts {sorted(names) or 'no server'}, but the roles give it {want}",
+                "start a server only for the tasks whose rank in the roles is this rank, and "
+                "return them all from your function; then re-run the cells from the ports cell")
+    tfc = _adopt(cc, TaskSet(roles=roles, cluster={k: list(v) for k, v in spec.items()},
+                             inter_op=inter_op_threads(spec)), timeout)
+    tfc.started_s = time.perf_counter() - t0
+    return tfc
 
-def wait_ready(tfc: TFCluster | Mapping[str, Sequence[str]], timeout: float = READY_TIMEOUT,
-               jobs: Sequence[str] = JOBS) -> float:
-    """Wait until every ps/worker task accepts a connection; raise naming the missing ones.
 
-    Returns the seconds it took. Run it before building a strategy or a session: a task that
-    never started would otherwise make them wait forever, silently.
-    """
-    spec = tfc.cluster if isinstance(tfc, TFCluster) else dict(tfc)
-    addrs = {f"{job}:{i}": a for job in jobs for i, a in enumerate(spec.get(job, ()))}
-    t0 = time.monotonic()
-    missing = unanswered(addrs, timeout=timeout)
-    if missing:
-        where = ", ".join(f"{m} at {addrs[m]}" + _rank_note(tfc, m) for m in missing)
-        raise TFServerNotAnswering(
-            f"{len(missing)} TF task(s) did not answer within {timeout:g} s: {where}",
-            "start every task's server with cu.tf_dist.start_servers() (it starts all of them "
-            "and checks them); if an engine was killed or restarted, run it again",
-        )
-    return time.monotonic() - t0
+def _adopt(cc: CourseCluster, tfc: TaskSet, timeout: float) -> TaskSet:
+    """Make ``tfc`` this kernel's engine-hosted set, then wait until every task answers."""
+    tfc.hosted_in, tfc.engine_ids = IN_ENGINES, _engine_ids(cc)
+    tfc.stopper = lambda: stop_servers(cc)
+    set_active(tfc)
+    # Engines replaced by cu.restart() host no servers any more.
+    cc.on_restart("tf", lambda c: set_active(None))
+    # A course-lab cluster outlives this notebook: free its engines of our servers on cu.stop().
+    cc.on_stop("tf", lambda c: None if c.owned else stop_servers(c))
+    wait_ready(tfc, timeout=timeout)
+    return tfc
 
 
+def hosted_by_rank(cluster: CourseCluster | None = None) -> list[list[str]]:
+    """The servers each rank's engine has registered (``[["ps:0", "worker:0"], ["worker:1"]]``)."""
+    cc = cluster or current()
+    return cc.run(engine_hosted, timeout=30)
 
-def teardown(cluster: CourseCluster | None = None) -> bool:
+
+def stop_servers(cluster: CourseCluster | None = None) -> bool:
     """Replace the engines that host TF servers (gRPC servers cannot be stopped in-process).
 
-    First stops every ``ClusterCoordinator`` of this kernel (:func:`retire_coordinators`).
+    First stops every ``ClusterCoordinator`` of this kernel (:func:`stop_coordinators`).
     Returns True when engines were restarted. Safe to call when nothing runs.
     """
-    from .coordinator import retire_coordinators
-
     cc = cluster or current()
-    _STATE.clear()
-    retire_coordinators()  # the coordinators of these servers: stopped so none can hang later
+    set_active(None)
+    stop_coordinators()  # the coordinators of these servers: stopped so none can hang later
     try:
-        hosted = cc.run(_engine_hosted, timeout=15)
+        hosted = cc.run(engine_hosted, timeout=15)
     except Exception:  # an engine is gone (killed in a demo) or stuck: replace them anyway
         hosted = [True]
     if any(hosted):
@@ -181,12 +145,11 @@ def teardown(cluster: CourseCluster | None = None) -> bool:
     return False
 
 
-
 def kill_rank(rank: int, cluster: CourseCluster | None = None) -> int:
     """Kill the engine process of ``rank`` (and every TF server it hosts); returns its pid.
 
     The engine exits on its own (``os._exit``), so this works on remote hosts too. Only
-    :func:`teardown` (or ``cu.restart()``) brings the rank back.
+    :func:`stop_servers` (or ``cu.restart()``) brings the rank back.
     """
     cc = cluster or current()
     info = cc.ranks[rank]
@@ -194,9 +157,9 @@ def kill_rank(rank: int, cluster: CourseCluster | None = None) -> int:
     return info.pid
 
 
-
-def reset_ps(cluster: CourseCluster | None = None, tfc: TFCluster | None = None) -> None:
-    """Clear every variable and queue the ps/worker servers hold (graph mode).
+def restart_ps(cluster: CourseCluster | None = None, tfc: TaskSet | None = None) -> None:
+    """Start the ps/worker servers over empty (graph mode): every variable and queue they hold
+    is cleared; the servers and their engines keep running.
 
     Variables on a ps outlive the sessions that made them; a second training run with the same
     names would start from the first run's values (and a non-chief would think it may start).
@@ -205,63 +168,44 @@ def reset_ps(cluster: CourseCluster | None = None, tfc: TFCluster | None = None)
     tfc = tfc or active()
     if tfc is None:
         raise TFServerNotAnswering("no TF servers are running", "run cu.tf_dist.start_servers()")
-    cc.run_on(tfc.rank_of("worker", 0), _engine_reset, timeout=30)
-
-
-
-def _addresses(tfc: TFCluster) -> dict[str, str]:
-    return {f"{j}:{i}": a for j in JOBS for i, a in enumerate(tfc.cluster.get(j, ()))}
-
-
-
-def _rank_note(tfc: Any, name: str) -> str:
-    if isinstance(tfc, TFCluster):
-        job, idx = name.split(":")
-        return f" (rank {tfc.rank_of(job, int(idx))})"
-    return ""
-
+    cc.run_on(tfc.rank_of("worker", 0), engine_restart_ps, timeout=30)
 
 
 def _engine_ids(cc: CourseCluster) -> dict[int, int]:
     return {r.rank: r.engine_id for r in cc.ranks}
 
 
-
-def _register_hooks(cc: CourseCluster) -> None:
-    # Engines replaced by cu.restart() host no servers any more.
-    cc.on_restart("tf", lambda c: _STATE.clear())
-    # A course-lab cluster outlives this notebook: free its engines of our servers on cu.stop().
-    cc.on_stop("tf", lambda c: None if c.owned else teardown(c))
-
-
-
+# ---- engine side ----------------------------------------------------------------------------
 _SERVERS: dict[str, Any] = {}
-
 
 
 def register_server(name: str, server: Any) -> None:
     """Engine side (unit 4): record a ``tf.distribute.Server`` started by hand as ``"job:index"``.
 
-    Registered servers are what :func:`teardown` and :func:`start_servers` look for: the engine
-    is replaced (a gRPC server cannot be stopped) and nothing collides on a re-run.
+    Registered servers are what :func:`stop_servers` and :func:`start_servers` look for: the
+    engine is replaced (a gRPC server cannot be stopped) and nothing collides on a re-run.
     """
     job, _, index = name.partition(":")
     if job not in JOBS or not index.isdigit():
         raise ValueError(f"name a server 'job:index' with job in {JOBS}, got {name!r}")
     if _SERVERS.get(name) not in (None, server):
-        raise PortInUse(f"this engine already hosts a server for {name}",
-                        "call cu.tf_dist.teardown() (restarts the engines), then start again")
+        raise PortInUse(f"this engine already hosts a server for {name}", RESTART_FIX)
     _SERVERS[name] = server
 
 
+def registered_servers() -> dict[str, Any]:
+    """Engine side: the servers this engine hosts, ``{"ps:0": server, ...}`` (a copy)."""
+    return dict(_SERVERS)
 
-def _engine_hosted() -> list[str]:
+
+def engine_hosted() -> list[str]:
+    """Engine side: the names of the servers this engine hosts, sorted."""
     return sorted(_SERVERS)
 
 
-
-def _engine_start(spec: dict[str, list[str]], tasks: list[tuple[str, int]],
-                  inter_op: int) -> dict[str, Any]:
+def engine_start(spec: dict[str, list[str]], tasks: list[tuple[str, int]],
+                 inter_op: int) -> dict[str, Any]:
+    """Engine side: start this rank's ``tasks``' servers and set its ``%%px`` names."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     import __main__
 
@@ -274,8 +218,7 @@ def _engine_start(spec: dict[str, list[str]], tasks: list[tuple[str, int]],
         os.environ.pop("TF_CONFIG", None)
         return {"pid": os.getpid(), "tasks": []}
     if _SERVERS:
-        raise PortInUse(f"this engine already hosts TF servers {sorted(_SERVERS)}",
-                        "call cu.tf_dist.teardown() (restarts the engines), then start again")
+        raise PortInUse(f"this engine already hosts TF servers {sorted(_SERVERS)}", RESTART_FIX)
     tf = quiet_tensorflow()
     cfg = server_config(spec, inter_op)
     cluster_spec = tf.train.ClusterSpec(spec)
@@ -293,8 +236,8 @@ def _engine_start(spec: dict[str, list[str]], tasks: list[tuple[str, int]],
     return {"pid": os.getpid(), "tasks": [f"{j}:{i}" for j, i in tasks]}
 
 
-
-def _engine_reset() -> bool:
+def engine_restart_ps() -> bool:
+    """Engine side, on worker 0: clear every resource the cluster's servers hold."""
     import tensorflow as tf
 
     import __main__

@@ -1,6 +1,6 @@
-"""The task processes of the TensorFlow drills in ``08_hangs_and_faults``: each ps/worker task
-is a real ``tf.distribute.Server`` in a process of its own, so killing it loses exactly one task
-and the engine that started it lives on.
+"""The task processes of :mod:`.tasks` (units 7-9, the drills of ``08_hangs_and_faults``): each
+ps/worker task is a real ``tf.distribute.Server`` in a process of its own, so killing it loses
+exactly one task and the engine that started it lives on.
 
 Importing TensorFlow costs seconds of CPU, once per process. So each engine starts one
 *zygote* (``python -m course_utils.tf_dist.task_server``): it imports TensorFlow once, then

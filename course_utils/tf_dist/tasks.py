@@ -1,11 +1,14 @@
-"""The TensorFlow drills of ``08_hangs_and_faults``: a ps that never started, a worker lost
-under ``ParameterServerStrategy``, a ps lost and the restore, each with a bounded wait.
+"""TF tasks as processes of their own: :func:`start`, :func:`stop`, :func:`kill_task`, and the
+helpers of the drills in ``08_hangs_and_faults`` (a ps that never started, a worker lost under
+``ParameterServerStrategy``, a ps lost and the restore, each with a bounded wait). Units 7 and 9
+time and train on the same tasks.
 
 Every ps/worker task here is a real ``tf.distribute.Server`` in a process of its own
 (:mod:`.task_server`), on the host of the rank the rank map gives it, forked there by one task
-starter per host (one TensorFlow import per host). Killing a task kills that process only:
-the engines, their torch process group and the other tasks live on, so the drills need no
-engine restart. Units 4-5 host their servers inside the engines (:mod:`.servers`) instead.
+starter per host (one TensorFlow import per host, :func:`start_starters`). Killing a task kills
+that process only: the engines, their torch process group and the other tasks live on, so the
+drills need no engine restart. Units 4-5 host their servers inside the engines
+(:mod:`.servers`) instead; both kinds are a :class:`~.taskset.TaskSet`.
 """
 
 from __future__ import annotations
@@ -17,45 +20,19 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..cluster import CourseCluster, current, ports
 from .spec import (
-    JOBS,
     TFServerNotAnswering,
     cluster_dict,
     inter_op_threads,
     plan_roles,
     split_address,
     tasks_on_rank,
-    unanswered,
 )
-
-
-@dataclass
-class TaskProcesses:
-    """ps/worker tasks running as processes on the engines' hosts: spec, roles, pids."""
-
-    roles: dict[str, list[int]]
-    cluster: dict[str, list[str]]
-    pids: dict[str, int] = field(default_factory=dict)   # "ps:0" -> pid
-    started_by: dict[str, int] = field(default_factory=dict)   # "ps:0" -> rank whose engine
-    started_s: float = 0.0
-
-    def rank_of(self, task: str) -> int:
-        job, _, idx = task.partition(":")
-        return self.roles[job][int(idx)]
-
-    def table(self) -> str:
-        rows = [f"{'task':<9} {'rank':>4} {'pid':>7}  address"]
-        for job in JOBS:
-            for i, addr in enumerate(self.cluster.get(job, ())):
-                name = f"{job}:{i}"
-                rows.append(f"{name:<9} {self.roles[job][i]:>4} {self.pids.get(name, 0):>7}  "
-                            f"{addr}")
-        return "\n".join(rows)
+from .taskset import IN_PROCESSES, TaskSet, pick_ports, wait_ready
 
 
 def starters(cluster: CourseCluster | None = None) -> list[int]:
@@ -81,9 +58,9 @@ def import_in_background() -> bool:
     return True
 
 
-def prepare_tasks(cluster: CourseCluster | None = None) -> list[int]:
+def start_starters(cluster: CourseCluster | None = None) -> list[int]:
     """Start the task starter (:mod:`.task_server`) of every host, which imports TensorFlow
-    in the background: call it early, and :func:`start_tasks` later starts servers at once.
+    in the background: call it early, and :func:`start` later starts servers at once.
     Returns the starters' pids."""
     cc = cluster or current()
     return [cc.run_on(r, engine_start_zygote, timeout=30) for r in sorted(set(starters(cc)))]
@@ -92,58 +69,33 @@ def prepare_tasks(cluster: CourseCluster | None = None) -> list[int]:
 _KERNEL_IMPORT: dict[str, Any] = {}
 
 
-def start_tasks(cluster: CourseCluster | None = None, num_ps: int = 1, num_workers: int = 2,
-                timeout: float = 120.0) -> TaskProcesses:
+def start(cluster: CourseCluster | None = None, num_ps: int = 1, num_workers: int = 2,
+          timeout: float = 120.0) -> TaskSet:
     """Start one process per ps/worker task (ps on rank 0, worker ``i`` on rank ``i % p``),
     each forked on its rank's host by that host's task starter, and wait (bounded) until
-    every task answers. Raises :class:`TFServerNotAnswering` naming the tasks that did not."""
+    every task answers. Raises :class:`TFServerNotAnswering` naming the tasks that did not.
+    ``.stop()`` on the result is :func:`stop`."""
     cc = cluster or current()
     roles = plan_roles(cc.world_size, num_ps, num_workers)
-    rm = cc.ranks
-    addrs = [r.addr for r in rm]
-    counts = [len(tasks_on_rank(roles, r)) for r in range(rm.world_size)]
     t0 = time.perf_counter()
-    picked = cc.run_per_rank(ports.free_ports, [(n, a) for n, a in zip(counts, addrs,
-                                                                       strict=True)], timeout=30)
-    by_task = {task: port for r in range(rm.world_size)
-               for task, port in zip(tasks_on_rank(roles, r), picked[r], strict=True)}
-    spec = cluster_dict(roles, addrs, by_task)
+    spec = cluster_dict(roles, [r.addr for r in cc.ranks], pick_ports(cc, roles))
     threads = inter_op_threads(spec)
     owner = starters(cc)
-    started_by = {f"{j}:{i}": owner[r] for r in range(rm.world_size)
+    started_by = {f"{j}:{i}": owner[r] for r in range(cc.world_size)
                   for j, i in tasks_on_rank(roles, r)}
     args = [(spec, [t for t, s in started_by.items() if s == r], threads, timeout)
-            for r in range(rm.world_size)]
+            for r in range(cc.world_size)]
     pids: dict[str, int] = {}
     for got in cc.run_per_rank(engine_spawn_tasks, args, timeout=timeout + 30):
         pids.update(got)
-    tp = TaskProcesses(roles=roles, cluster=spec, pids=pids, started_by=started_by)
-    wait_tasks(tp, timeout=30.0)
-    tp.started_s = time.perf_counter() - t0
-    return tp
+    ts = TaskSet(roles=roles, cluster=spec, inter_op=threads, hosted_in=IN_PROCESSES, pids=pids,
+                 started_by=started_by, stopper=lambda: stop(cc))
+    wait_ready(ts, timeout=30.0)
+    ts.started_s = time.perf_counter() - t0
+    return ts
 
 
-def wait_tasks(tp: TaskProcesses | dict[str, list[str]], timeout: float = 30.0) -> float:
-    """Bounded: every task of ``tp`` (or of a cluster spec) accepts a connection within
-    ``timeout`` s, or :class:`TFServerNotAnswering` names the ones that do not and the fix.
-    Returns the seconds it took."""
-    spec = tp.cluster if isinstance(tp, TaskProcesses) else tp
-    addrs = {f"{j}:{i}": a for j in JOBS for i, a in enumerate(spec.get(j, ()))}
-    t0 = time.monotonic()
-    missing = unanswered(addrs, timeout=timeout)
-    if missing:
-        where = ", ".join(f"{m} at {addrs[m]}" + (f" (rank {tp.rank_of(m)})"
-                                                  if isinstance(tp, TaskProcesses) else "")
-                          for m in missing)
-        raise TFServerNotAnswering(
-            f"{len(missing)} TF task(s) did not answer within {timeout:g} s: {where}; a "
-            "ParameterServerStrategy would wait for them forever",
-            "start the missing task (tf_dist.faults.start_tasks() starts every task and checks "
-            "it), or correct its address in the cluster spec")
-    return time.monotonic() - t0
-
-
-def with_missing_ps(tp: TaskProcesses, index: int = 0) -> dict[str, list[str]]:
+def with_missing_ps(tp: TaskSet, index: int = 0) -> dict[str, list[str]]:
     """``tp``'s cluster spec with ``ps:index`` moved to a free port nobody serves: the spec of a
     job whose ps task never started."""
     host, _ = split_address(tp.cluster["ps"][index])
@@ -152,7 +104,7 @@ def with_missing_ps(tp: TaskProcesses, index: int = 0) -> dict[str, list[str]]:
     return {**tp.cluster, "ps": ps}
 
 
-def kill_task(tp: TaskProcesses, task: str, cluster: CourseCluster | None = None) -> int:
+def kill_task(tp: TaskSet, task: str, cluster: CourseCluster | None = None) -> int:
     """SIGKILL the process of ``task`` (``"worker:1"``) from the engine that started it; returns
     its pid. The engines and every other task keep running."""
     cc = cluster or current()
@@ -160,7 +112,7 @@ def kill_task(tp: TaskProcesses, task: str, cluster: CourseCluster | None = None
                          timeout=15))
 
 
-def stop_tasks(cluster: CourseCluster | None = None) -> int:
+def stop(cluster: CourseCluster | None = None) -> int:
     """Kill every task process the engines started; returns how many were still running."""
     cc = cluster or current()
     return sum(cc.run(engine_stop_tasks, timeout=30))
@@ -168,24 +120,15 @@ def stop_tasks(cluster: CourseCluster | None = None) -> int:
 
 def coordinator_for(spec: dict[str, list[str]], timeout: float = 10.0,
                     cluster: CourseCluster | None = None) -> tuple[Any, Any]:
-    """A ``ParameterServerStrategy`` for ``spec`` with this kernel as the chief, and its
-    ``ClusterCoordinator``. Checks first (bounded) that every task answers: a missing one
-    raises :class:`TFServerNotAnswering` naming it, instead of a constructor that waits
-    forever."""
-    from .coordinator import prepare_chief
+    """A ``ParameterServerStrategy`` for ``spec`` with this kernel as the chief
+    (:func:`~course_utils.tf_dist.start_coordinator`), and its ``ClusterCoordinator``. Checks
+    first (bounded) that every task answers: a missing one raises
+    :class:`TFServerNotAnswering` naming it, instead of a constructor that waits forever."""
+    from .coordinator import start_coordinator
     from .quiet import quiet_tensorflow
-    from .servers import TFCluster
 
-    wait_tasks(spec, timeout=timeout)
-    roles = {j: [0] * len(spec.get(j, ())) for j in JOBS}
-    chief = prepare_chief(TFCluster(roles=roles, cluster=spec, inter_op=inter_op_threads(spec)),
-                          timeout=timeout, cluster=cluster)
-    tf = quiet_tensorflow()
-    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec({**spec, "chief": [chief]}), task_type="chief", task_id=0,
-        rpc_layer="grpc")
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
-    return strategy, tf.distribute.coordinator.ClusterCoordinator(strategy)
+    strategy = start_coordinator(spec, timeout=timeout, cluster=cluster)
+    return strategy, quiet_tensorflow().distribute.coordinator.ClusterCoordinator(strategy)
 
 
 def wait_for_steps(variable: Any, at_least: int, timeout: float = 30.0) -> int:
@@ -209,7 +152,7 @@ def engine_start_zygote() -> int:
     proc = _ZYGOTE.get("proc")
     if proc is not None and proc.poll() is None:
         return int(proc.pid)
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[2])   # the folder holding course_utils
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("TF_CONFIG", None)
