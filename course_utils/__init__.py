@@ -13,7 +13,7 @@ The folders follow the architecture::
     instructor/   grading, doctor, benchmarks (behind the ``course`` command)
     data.py       datasets shared by both tracks; errors.py, settings.py, compat.py, cli.py
 
-Notebooks use the short names re-exported here: ``cu.start()``, ``cu.init_torch()``,
+Notebooks use the short names re-exported here: ``cu.start()``, ``cu.start_torch()``,
 ``from course_utils import collectives, train, viz, data, checks, ports, wiring, tf_dist``.
 """
 
@@ -29,8 +29,8 @@ install_import_guard()  # before anything can import TensorFlow; also runs on ev
 from . import tf_dist  # noqa: E402  # cheap: TensorFlow loads only inside the helpers that need it
 from .cluster import CourseCluster, current, restart, start, stop  # noqa: E402
 from .errors import CourseError  # noqa: E402
-from .torch_dist import destroy as destroy_torch  # noqa: E402
-from .torch_dist import init as init_torch  # noqa: E402
+from .torch_dist import start as start_torch  # noqa: E402
+from .torch_dist import stop as stop_torch  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -58,11 +58,11 @@ __all__ = [
     "CourseCluster",
     "CourseError",
     "current",
-    "destroy_torch",
-    "init_torch",
     "restart",
     "start",
+    "start_torch",
     "stop",
+    "stop_torch",
     "tf_dist",
     *_LAZY,
 ]

@@ -107,7 +107,7 @@ def test_tiny_run_resumes_exactly():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork child: Linux")
-def test_wait_elastic_stops_torchrun_and_its_workers_at_the_timeout(tmp_path):
+def test_join_elastic_stops_torchrun_and_its_workers_at_the_timeout(tmp_path):
     import psutil
 
     from course_utils.errors import CourseError
@@ -121,7 +121,7 @@ def test_wait_elastic_stops_torchrun_and_its_workers_at_the_timeout(tmp_path):
     assert len(workers) >= 2, "torchrun started no workers within 60 s"
     t0 = time.monotonic()
     with pytest.raises(CourseError, match="did not finish within 0.5 s") as err:
-        faults.wait_elastic(handle, timeout=0.5)
+        faults.join_elastic(handle, timeout=0.5)
     assert "Fix:" in str(err.value) and time.monotonic() - t0 < 20
     assert handle["proc"].poll() is not None
     # The workers run in sessions of their own: killing torchrun alone would leave them.

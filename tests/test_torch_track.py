@@ -203,7 +203,7 @@ def tcluster():
     import course_utils as cu
 
     cc = cu.start(n=2, cluster_id=CID)
-    cu.init_torch(cc)
+    cu.start_torch(cc)
     yield cc
     cc.stop(force=True)
 
@@ -353,7 +353,7 @@ def test_engine_join_watches_a_learners_init(tcluster):
         assert "two ranks claimed rank 0" in wiring.explain_join(bad, addr, port, timeout_s=3)
         assert tcluster.run(wiring.engine_has_group, timeout=30) == [False, False]
     finally:
-        cu.init_torch(tcluster)   # engine_join destroyed the course's group: build it again
+        cu.start_torch(tcluster)   # engine_join destroyed the course's group: build it again
 
 
 @pytest.mark.cluster

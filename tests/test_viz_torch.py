@@ -66,7 +66,7 @@ def cc():
     import course_utils as cu
 
     cluster = cu.start(n=P, cluster_id=CID)
-    cu.init_torch(cluster)
+    cu.start_torch(cluster)
     cluster.view.execute(REFERENCE_RING + ALL_REDUCE_OF_RING_INPUT, block=True)
     yield cluster
     from course_utils.cluster import lifecycle

@@ -254,13 +254,13 @@ def _cluster(n: int, suffix: str) -> Any:
 def _ring_part(gal: Gallery, ranks: int) -> None:
     from .. import viz
     from ..torch_dist import collectives, record
-    from ..torch_dist.process_group import init
+    from ..torch_dist.process_group import start
     from ..viz import cheatsheet, ring
 
     nb01 = NOTEBOOKS / "01_collectives.ipynb"
     cc = _cluster(ranks, f"gallery{ranks}")
     try:
-        init(cc, backend="gloo")
+        start(cc, backend="gloo")
         cc.view.execute(px_code(nb01, UNIT1_CELLS), block=False).get(timeout=120)
         run = (f"01_collectives' ring_all_reduce (the solution cell) on {ranks} gloo ranks, "
                f"a {2 * ranks}-element buffer, every send recorded")
@@ -295,7 +295,7 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
 def _torch_part(gal: Gallery, tf: bool) -> None:
     from .. import viz
     from ..torch_dist import collectives, record
-    from ..torch_dist.process_group import init
+    from ..torch_dist.process_group import start
 
     cc = _cluster(2, "gallery2")
     try:
@@ -303,7 +303,7 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
             # TensorFlow first, on fresh engines: its servers cannot stop, and the teardown
             # after them gives the PyTorch figures fresh engines (one engine restart in all).
             _tf_part(gal, cc)
-        init(cc, backend="gloo")
+        start(cc, backend="gloo")
         p = cc.world_size
         nb01 = NOTEBOOKS / "01_collectives.ipynb"
         cc.view.execute(px_code(nb01, UNIT1_CELLS), block=False).get(timeout=120)

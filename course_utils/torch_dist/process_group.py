@@ -1,6 +1,6 @@
-"""torch.distributed on every engine: backend choice, process-group init/teardown, timeouts.
+"""torch.distributed on every engine: backend choice, process-group start/stop, timeouts.
 
-Introduced in ``00_cluster_tour``. The kernel side (``init``, ``destroy``) never imports torch;
+Introduced in ``00_cluster_tour``. The kernel side (``start``, ``stop``) never imports torch;
 torch is imported on the engines by the ``_engine_*`` functions, which ipyparallel runs there.
 """
 
@@ -63,7 +63,7 @@ def backend_label(chosen: str) -> str:
 
 
 def debug_level(debug: str | bool | None) -> str:
-    """``cu.init_torch(debug=...)`` -> ``off``/``info``/``detail`` (None: ``$COURSE_TORCH_DEBUG``,
+    """``cu.start_torch(debug=...)`` -> ``off``/``info``/``detail`` (None: ``$COURSE_TORCH_DEBUG``,
     default ``detail``; True: ``detail``; False: ``off``)."""
     if debug is None:
         return settings.torch_debug()
@@ -75,7 +75,7 @@ def debug_level(debug: str | bool | None) -> str:
     return level
 
 
-def init(
+def start(
     cluster: CourseCluster | None = None,
     backend: str = "auto",
     timeout: float | None = None,
@@ -134,7 +134,7 @@ def init(
         for r in rm
     ]
     try:
-        results = cc.run_per_rank(_engine_init, args, timeout=pg_timeout + 30)
+        results = cc.run_per_rank(_engine_start, args, timeout=pg_timeout + 30)
     except ClusterTimeout as exc:
         raise ClusterTimeout(
             f"the {chosen} process group did not form on {rm.master_addr}:{port} "
@@ -147,18 +147,18 @@ def init(
     return {**results[0], "reused": False}
 
 
-def destroy(cluster: CourseCluster | None = None) -> list[bool]:
+def stop(cluster: CourseCluster | None = None) -> list[bool]:
     """Destroy the process group on every engine (no-op where there is none)."""
     cc = cluster or current()
     cc.on_restart("torch", None)
-    return cc.run(_engine_destroy, timeout=30)
+    return cc.run(_engine_stop, timeout=30)
 
 
 def _register_hooks(cc: CourseCluster, backend: str, timeout: float | None,
                     debug: str | bool | None = None) -> None:
     # After cu.restart() the new engines get a fresh group with the same settings.
-    cc.on_restart("torch", lambda c: init(c, backend=backend, timeout=timeout, debug=debug))
-    cc.on_stop("torch", lambda c: c.run(_engine_destroy, timeout=10))
+    cc.on_restart("torch", lambda c: start(c, backend=backend, timeout=timeout, debug=debug))
+    cc.on_stop("torch", lambda c: c.run(_engine_stop, timeout=10))
 
 
 # ---- engine side ---------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def _engine_state() -> dict[str, Any] | None:
     return dict(_ENGINE)
 
 
-def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, port: int,
+def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str, port: int,
                  backend: str, timeout_s: float, debug: str = "off",
                  loopback: bool = False) -> dict[str, Any]:
     import datetime
@@ -217,7 +217,7 @@ def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, 
             raise BackendUnavailable(
                 f"rank {rank} was given NCCL but torch sees no CUDA device here "
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
-                "use cu.init_torch(backend='gloo'), or check the host's GPUs with `nvidia-smi`")
+                "use cu.start_torch(backend='gloo'), or check the host's GPUs with `nvidia-smi`")
         index = local_rank % torch.cuda.device_count()
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
@@ -235,7 +235,7 @@ def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, 
         except OSError as exc:
             sock.close()
             raise PortInUse(f"rank 0 cannot listen on {master_addr}:{port}: {exc.strerror}",
-                            "run cu.init_torch() again: it picks a fresh port") from None
+                            "run cu.start_torch() again: it picks a fresh port") from None
         sock.listen(128)
         store = dist.TCPStore(master_addr, port, world_size, True, timeout,
                               master_listen_fd=sock.detach(), use_libuv=True)
@@ -302,7 +302,7 @@ def _loopback_ifname() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def _engine_destroy() -> bool:
+def _engine_stop() -> bool:
     import sys
 
     _ENGINE.clear()
@@ -329,14 +329,14 @@ def debug_overhead(cluster: CourseCluster | None = None,
     out: dict[int, dict[str, float]] = {int(n): {} for n in sizes}
     for _ in range(max(1, rounds)):
         for level in ("off", "detail"):
-            init(cc, debug=level)
+            start(cc, debug=level)
             for n in sizes:
                 ms = max(cc.run(_engine_time_all_reduce, int(n), float(seconds_per_size),
                                 timeout=60 + 20 * seconds_per_size))  # the slowest rank counts
                 out[int(n)][level] = min(ms, out[int(n)].get(level, float("inf")))
     for row in out.values():
         row["ratio"] = row["detail"] / row["off"] if row["off"] else float("nan")
-    init(cc)
+    start(cc)
     return out
 
 
@@ -460,7 +460,7 @@ def _translate(found: Sequence[failures.Failure]) -> CourseError | None:
     if any("Default process group has not been initialized" in t for t in texts):
         return ProcessGroupGone(
             f"{ranks} have no process group (it was never built, or was destroyed)",
-            "run cu.init_torch() first, then re-run the cell")
+            "run cu.start_torch() first, then re-run the cell")
     return None
 
 

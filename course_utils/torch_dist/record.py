@@ -475,7 +475,7 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
     from ..cluster import lifecycle
     from ..cluster.profiles import load_profile
     from ..settings import cluster_id as default_cluster_id
-    from .process_group import init
+    from .process_group import start
 
     try:
         cc = cluster or current()
@@ -495,7 +495,7 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
     side = lifecycle._start_new(cid, load_profile("local"), ranks, timeout)
     try:
         side.refresh_ranks()
-        init(side, backend="gloo")
+        start(side, backend="gloo")
         side.view.execute(_PREAMBLE, block=False).get(timeout=timeout)
         if snapshot is not None:
             side.run(engine_restore, snapshot, timeout=timeout)

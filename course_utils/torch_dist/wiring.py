@@ -1,7 +1,7 @@
 """Watching a process group being wired by hand: what every rank claimed, what torch said.
 
 Introduced in ``00_cluster_tour``, where the learner writes the ``dist.init_process_group`` call
-that ``cu.init_torch()`` makes later, and where the original program's call (``rank=0`` on every
+that ``cu.start_torch()`` makes later, and where the original program's call (``rank=0`` on every
 host) is run for real and explained. :func:`engine_join` runs on every engine (torch imported
 there); :func:`explain_join` is a pure function of what the engines returned.
 """
