@@ -14,7 +14,7 @@ The folders follow the architecture::
     data.py       datasets shared by both tracks; errors.py, settings.py, compat.py, cli.py
 
 Notebooks use the short names re-exported here: ``cu.start()``, ``cu.start_torch()``,
-``from course_utils import collectives, train, viz, data, checks, ports, wiring, tf_dist``.
+``from course_utils import p2p, bandwidth, train, viz, data, checks, ports, join_watch, tf_dist``.
 """
 
 from __future__ import annotations
@@ -36,13 +36,14 @@ __version__ = "0.1.0"
 
 #: Short names for sub-modules, imported on first use (``from course_utils import train``).
 _LAZY = {
-    "collectives": ".torch_dist.collectives",
+    "p2p": ".torch_dist.p2p",
+    "bandwidth": ".torch_dist.bandwidth",
     "train": ".torch_dist.train",
     "viz": ".viz",
     "checks": ".checks",
     "data": ".data",
     "ports": ".cluster.ports",
-    "wiring": ".torch_dist.wiring",
+    "join_watch": ".torch_dist.join_watch",
 }
 
 

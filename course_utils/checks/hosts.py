@@ -60,7 +60,7 @@ def engine_all_reduce_time(nbytes: int = 16 * 2**20, iters: int = 5) -> dict[str
     import torch
     import torch.distributed as dist
 
-    from course_utils.torch_dist.collectives import busbw, engine_time
+    from course_utils.torch_dist.bandwidth import busbw, engine_time
 
     t = torch.ones(nbytes // 4)
     seconds = engine_time(lambda: dist.all_reduce(t), iters=iters, warmup=1)

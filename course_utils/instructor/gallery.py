@@ -253,7 +253,7 @@ def _cluster(n: int, suffix: str) -> Any:
 
 def _ring_part(gal: Gallery, ranks: int) -> None:
     from .. import viz
-    from ..torch_dist import collectives, record
+    from ..torch_dist import p2p, record
     from ..torch_dist.process_group import start
     from ..viz import cheatsheet, ring
 
@@ -272,7 +272,7 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
 
         gal.figure("ring_replay", FIGURES[0][1], run, replay)
         gal.figure("ring_trace", FIGURES[1][1], run.replace("every send", "every message"),
-                   lambda: viz.ring_trace(cc.run(collectives.engine_record_ring,
+                   lambda: viz.ring_trace(cc.run(p2p.engine_record_ring,
                                                  "ring_all_reduce", 2 * ranks + 1, timeout=60),
                                           f"ring all-reduce on {ranks} ranks, recorded"))
         recs: list[Any] = []
@@ -294,7 +294,7 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
 
 def _torch_part(gal: Gallery, tf: bool) -> None:
     from .. import viz
-    from ..torch_dist import collectives, record
+    from ..torch_dist import bandwidth, live_log, record
     from ..torch_dist.process_group import start
 
     cc = _cluster(2, "gallery2")
@@ -310,9 +310,9 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
         nbytes = 8 * 2**20
 
         def bars() -> Any:
-            times = cc.run(collectives.engine_bench_all_reduce, "ring_all_reduce", nbytes, 5,
+            times = cc.run(bandwidth.engine_bench_all_reduce, "ring_all_reduce", nbytes, 5,
                            timeout=120)[0]
-            bus = {k: collectives.busbw(nbytes, s, p) for k, s in times.items()}
+            bus = {k: bandwidth.busbw(nbytes, s, p) for k, s in times.items()}
             return viz.bandwidth_bars(bus, f"all-reduce of {nbytes >> 20} MiB on {p} ranks")
 
         gal.figure("bandwidth_bars", FIGURES[4][1],
@@ -340,13 +340,13 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
         rows: list[Any] = []
 
         def live() -> Any:
-            ar = cc.client[cc.ranks.engine_ids].apply_async(record.engine_train_live, 60)
+            ar = cc.client[cc.ranks.engine_ids].apply_async(live_log.engine_train_live, 60)
             rows.extend(viz.live.watch(ar, p, title=f"DDP on {p} ranks, live", live=False,
                                        timeout=120))
             return viz.live.live_training(rows, f"DDP on {p} ranks (final frame)")
 
         gal.figure("live_training", FIGURES[7][1],
-                   f"torch_dist.record.engine_train_live: 60 DDP steps on the digits, {p} "
+                   f"torch_dist.live_log.engine_train_live: 60 DDP steps on the digits, {p} "
                    "ranks, rows published with ipyparallel datapub", live)
         gal.figure("per_rank_curves", FIGURES[8][1], "the live view's run, loss per rank",
                    lambda: viz.per_rank_curves([[r["loss"] for r in rr] for rr in rows],
