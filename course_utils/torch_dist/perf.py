@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..notebook_cells import find_cell, source_text, without_px
+
 #: The scaling table's configurations, in the order they take turns in each round.
 SCALING_KINDS = ("one_rank", "ddp", "ddp_bucket_view", "no_sync")
 
@@ -162,12 +164,10 @@ def ring_source(notebook: str | Path = "01_collectives.ipynb", grade_id: str = R
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: this unit reads your ring from unit 1's "
                                 "notebook in the same folder")
-    nb = json.loads(path.read_text(encoding="utf-8"))
-    for cell in nb.get("cells", []):
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
-            src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            return "\n".join(ln for ln in src.splitlines() if not ln.startswith("%%px"))
-    raise KeyError(f"{path} has no cell {grade_id!r} (the ring exercise)")
+    cell = find_cell(json.loads(path.read_text(encoding="utf-8")).get("cells", []), grade_id)
+    if cell is None:
+        raise KeyError(f"{path} has no cell {grade_id!r} (the ring exercise)")
+    return without_px(source_text(cell))
 
 
 def engine_ring_ok(fn_name: str = RING_NAME, n: int = 1001, seconds: float = 5.0) -> str:

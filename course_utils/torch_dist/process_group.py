@@ -185,7 +185,6 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
                  loopback: bool = False) -> dict[str, Any]:
     import datetime
     import os
-    import socket
 
     import torch
     import torch.distributed as dist
@@ -210,37 +209,9 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
     if threads:
         torch.set_num_threads(threads)
     cuda = "nccl" in backend
-    if cuda:
-        # An engine pinned to its GPU (CUDA_VISIBLE_DEVICES, cluster.engine.pin_gpu) sees it
-        # as device 0; an unpinned one sees every GPU of its host and uses its local rank's.
-        if torch.cuda.device_count() == 0:
-            raise BackendUnavailable(
-                f"rank {rank} was given NCCL but torch sees no CUDA device here "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
-                "use cu.start_torch(backend='gloo'), or check the host's GPUs with `nvidia-smi`")
-        index = local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        device = torch.device("cuda", index)
-    else:
-        device = torch.device("cpu")
+    device = _engine_device(rank, local_rank, cuda)
     timeout = datetime.timedelta(seconds=timeout_s)
-    # The rendezvous store. torch's own tcp:// init binds the master port on every interface;
-    # a socket bound here to master_addr (loopback on the local profile) and handed over keeps
-    # it there.
-    if rank == 0:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((master_addr, port))
-        except OSError as exc:
-            sock.close()
-            raise PortInUse(f"rank 0 cannot listen on {master_addr}:{port}: {exc.strerror}",
-                            "run cu.start_torch() again: it picks a fresh port") from None
-        sock.listen(128)
-        store = dist.TCPStore(master_addr, port, world_size, True, timeout,
-                              master_listen_fd=sock.detach(), use_libuv=True)
-    else:
-        store = dist.TCPStore(master_addr, port, world_size, False, timeout, use_libuv=True)
+    store = _engine_store(rank, world_size, master_addr, port, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
     if debug == "detail":
@@ -263,6 +234,49 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
                    debug=debug, torch=torch.__version__)
     __main__.device = device
     return dict(_ENGINE)
+
+
+def _engine_device(rank: int, local_rank: int, cuda: bool) -> Any:
+    """This rank's torch device: its GPU for an NCCL group, else the CPU."""
+    import os
+
+    import torch
+
+    if not cuda:
+        return torch.device("cpu")
+    # An engine pinned to its GPU (CUDA_VISIBLE_DEVICES, cluster.engine.pin_gpu) sees it as
+    # device 0; an unpinned one sees every GPU of its host and uses its local rank's.
+    if torch.cuda.device_count() == 0:
+        raise BackendUnavailable(
+            f"rank {rank} was given NCCL but torch sees no CUDA device here "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
+            "use cu.start_torch(backend='gloo'), or check the host's GPUs with `nvidia-smi`")
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _engine_store(rank: int, world_size: int, master_addr: str, port: int, timeout: Any) -> Any:
+    """The rendezvous store. torch's own tcp:// init binds the master port on every interface;
+    a socket bound here to ``master_addr`` (loopback on the local profile) and handed over keeps
+    it there."""
+    import socket
+
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore(master_addr, port, world_size, False, timeout, use_libuv=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((master_addr, port))
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(f"rank 0 cannot listen on {master_addr}:{port}: {exc.strerror}",
+                        "run cu.start_torch() again: it picks a fresh port") from None
+    sock.listen(128)
+    return dist.TCPStore(master_addr, port, world_size, True, timeout,
+                         master_listen_fd=sock.detach(), use_libuv=True)
 
 
 def _guard_ddp() -> None:
