@@ -6,7 +6,7 @@ load only on the engines that use them.
 The folders follow the architecture::
 
     cluster/      framework-free: lifecycle, calls on ranks, rank map, profiles, ports, engine side
-    torch_dist/   PyTorch: process group, collectives support, training helpers
+    torch_dist/   PyTorch: process group, ring and bandwidth helpers, training helpers, recorders
     tf_dist/      TensorFlow: cluster spec, servers on engines, coordinator, v1 graph helpers
     viz/          figures: pure functions of recorded arrays
     checks/       engine-side probes that graded tests call
