@@ -1,6 +1,7 @@
 """The PyTorch track: process group on every engine, ring and bandwidth helpers, training helpers.
 
-Modules: :mod:`.process_group` (backend choice, start/stop with timeouts; unit 0),
+Modules: :mod:`.process_group` (backend choice, start/stop with timeouts; unit 0) and
+:mod:`.messages` (what torch's error messages mean, in the course's words),
 :mod:`.p2p` (ring chunking, byte accounting, the send/recv watchdog; unit 1),
 :mod:`.bandwidth` (algbw/busbw, timing; units 1 and 7), :mod:`.join_watch` (a hand-written
 ``init_process_group`` watched and explained; unit 0), :mod:`.record` and :mod:`.live_log`
