@@ -6,15 +6,15 @@ load only on the engines that use them.
 The folders follow the architecture::
 
     cluster/      framework-free: lifecycle, calls on ranks, rank map, profiles, ports, engine side
-    torch_dist/   PyTorch: process group, collectives support, training helpers
+    torch_dist/   PyTorch: process group, ring and bandwidth helpers, training helpers, recorders
     tf_dist/      TensorFlow: cluster spec, servers on engines, coordinator, v1 graph helpers
     viz/          figures: pure functions of recorded arrays
     checks/       engine-side probes that graded tests call
     instructor/   grading, doctor, benchmarks (behind the ``course`` command)
     data.py       datasets shared by both tracks; errors.py, settings.py, compat.py, cli.py
 
-Notebooks use the short names re-exported here: ``cu.start()``, ``cu.init_torch()``,
-``from course_utils import collectives, train, viz, data, checks, ports, wiring, tf_dist``.
+Notebooks use the short names re-exported here: ``cu.start()``, ``cu.start_torch()``,
+``from course_utils import p2p, bandwidth, train, viz, data, checks, ports, join_watch, tf_dist``.
 """
 
 from __future__ import annotations
@@ -29,20 +29,21 @@ install_import_guard()  # before anything can import TensorFlow; also runs on ev
 from . import tf_dist  # noqa: E402  # cheap: TensorFlow loads only inside the helpers that need it
 from .cluster import CourseCluster, current, restart, start, stop  # noqa: E402
 from .errors import CourseError  # noqa: E402
-from .torch_dist import destroy as destroy_torch  # noqa: E402
-from .torch_dist import init as init_torch  # noqa: E402
+from .torch_dist import start as start_torch  # noqa: E402
+from .torch_dist import stop as stop_torch  # noqa: E402
 
 __version__ = "0.1.0"
 
 #: Short names for sub-modules, imported on first use (``from course_utils import train``).
 _LAZY = {
-    "collectives": ".torch_dist.collectives",
+    "p2p": ".torch_dist.p2p",
+    "bandwidth": ".torch_dist.bandwidth",
     "train": ".torch_dist.train",
     "viz": ".viz",
     "checks": ".checks",
     "data": ".data",
     "ports": ".cluster.ports",
-    "wiring": ".torch_dist.wiring",
+    "join_watch": ".torch_dist.join_watch",
 }
 
 
@@ -58,11 +59,11 @@ __all__ = [
     "CourseCluster",
     "CourseError",
     "current",
-    "destroy_torch",
-    "init_torch",
     "restart",
     "start",
+    "start_torch",
     "stop",
+    "stop_torch",
     "tf_dist",
     *_LAZY,
 ]

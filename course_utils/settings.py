@@ -21,7 +21,7 @@ ENV_CALL_TIMEOUT = "COURSE_CALL_TIMEOUT"
 ENV_PG_TIMEOUT = "COURSE_PG_TIMEOUT"
 ENV_TORCH_DEBUG = "COURSE_TORCH_DEBUG"
 
-#: Values of ``$COURSE_TORCH_DEBUG`` / ``cu.init_torch(debug=...)``.
+#: Values of ``$COURSE_TORCH_DEBUG`` / ``cu.start_torch(debug=...)``.
 TORCH_DEBUG_LEVELS = ("off", "info", "detail")
 
 

@@ -117,19 +117,19 @@ def test_engine_error_shows_the_learners_lines(cluster):
     assert text.count("Fix:") == 1
 
 
-def test_init_torch_is_idempotent_and_all_reduce_sums(cluster):
-    first = torch_dist.init(cluster)
+def test_start_torch_is_idempotent_and_all_reduce_sums(cluster):
+    first = torch_dist.start(cluster)
     assert first["backend"] == "gloo" and first["world_size"] == 2
-    again = torch_dist.init(cluster)
+    again = torch_dist.start(cluster)
     assert again["reused"] is True and again["master_port"] == first["master_port"]
     assert cluster.run(rank_sum) == [3.0, 3.0]
 
 
-def test_reinit_after_destroy_uses_a_fresh_port(cluster):
-    first = torch_dist.init(cluster)
-    assert torch_dist.destroy(cluster) == [True, True]
-    assert torch_dist.destroy(cluster) == [False, False]
-    second = torch_dist.init(cluster)
+def test_restart_after_stop_uses_a_fresh_port(cluster):
+    first = torch_dist.start(cluster)
+    assert torch_dist.stop(cluster) == [True, True]
+    assert torch_dist.stop(cluster) == [False, False]
+    second = torch_dist.start(cluster)
     assert second["reused"] is False
     assert cluster.run(rank_sum) == [3.0, 3.0]
     assert "master_port" in first
@@ -146,7 +146,7 @@ def reduce_rank_sized():
 
 
 def test_mismatched_collective_is_reported_at_once(cluster):
-    assert torch_dist.init(cluster)["debug"] == "detail"  # the lessons' default
+    assert torch_dist.start(cluster)["debug"] == "detail"  # the lessons' default
     t0 = time.perf_counter()
     with pytest.raises(CollectiveMismatch) as err:
         cluster.run(reduce_rank_sized, timeout=20)
@@ -170,7 +170,7 @@ def test_px_cell_errors_show_the_course_summary(cluster, monkeypatch):
 
     monkeypatch.setenv("COURSE_CLUSTER_ID", CID)  # the kernel joins this test's cluster
     nb = new_notebook(cells=[
-        new_code_cell("import course_utils as cu\ncluster = cu.start()\ncu.init_torch()"),
+        new_code_cell("import course_utils as cu\ncluster = cu.start()\ncu.start_torch()"),
         new_code_cell("%%px\nimport torch, torch.distributed as dist\n"
                       "t = torch.ones(2 + rank)\ndist.all_reduce(t)"),
     ])
@@ -200,7 +200,7 @@ def ddp_step() -> float:
 
 def test_ddp_works_on_a_detail_mode_group(cluster):
     # torch 2.14.1 segfaults building DDP on a DETAIL-wrapped group; the course gives DDP a twin
-    assert torch_dist.init(cluster)["debug"] == "detail"
+    assert torch_dist.start(cluster)["debug"] == "detail"
     grads = cluster.run(ddp_step, timeout=60)
     assert grads[0] == grads[1]  # averaged over ranks
     with pytest.raises(CollectiveMismatch):  # the learner's own collectives are still checked
@@ -220,14 +220,14 @@ def test_nccl_group_maps_cpu_tensors_to_gloo(cluster):
     port = cluster.run_on(0, cu.ports.free_port, rm.master_addr)
     args = [(r.rank, 2, r.local_rank, rm.master_addr, port, "cpu:gloo", 30.0, "off", True)
             for r in rm]
-    states = cluster.run_per_rank(torch_dist.process_group._engine_init, args, timeout=60)
+    states = cluster.run_per_rank(torch_dist.process_group._engine_start, args, timeout=60)
     assert [s["pg_backend"] for s in states] == ["cpu:gloo", "cpu:gloo"]
     assert cluster.run(rank_sum) == [3.0, 3.0]
-    torch_dist.destroy(cluster)
+    torch_dist.stop(cluster)
 
 
 def test_timed_out_group_says_it_is_gone_and_restart_cures(cluster):
-    torch_dist.init(cluster, timeout=2, debug="off")
+    torch_dist.start(cluster, timeout=2, debug="off")
     t0 = time.perf_counter()
     with pytest.raises(ProcessGroupGone) as err:
         cluster.run(only_rank0_reduces, timeout=30)
@@ -239,13 +239,13 @@ def test_timed_out_group_says_it_is_gone_and_restart_cures(cluster):
         cluster.run(rank_sum, timeout=30)  # the NEXT call
     assert time.perf_counter() - t0 < 5 and "cu.restart()" in err.value.fix
     print(f"next call:\n{type(err.value).__name__}: {err.value}")
-    assert torch_dist.init(cluster)["reused"] is False  # a broken group is never reused
+    assert torch_dist.start(cluster)["reused"] is False  # a broken group is never reused
     assert cluster.run(rank_sum) == [3.0, 3.0]
 
 
 def test_world_size_mismatch_is_clear(cluster):
     with pytest.raises(WorldSizeMismatch, match="world_size=3 was asked but the cluster has 2"):
-        torch_dist.init(cluster, world_size=3)
+        torch_dist.start(cluster, world_size=3)
     with pytest.raises(WorldSizeMismatch, match="has 2 engines, n=3"):
         cu.start(n=3, cluster_id=CID) if not cluster.owned else cl._connect_existing(
             CID, cluster.profile, 3, 5)
@@ -257,13 +257,13 @@ def test_port_in_use_is_detected_on_rank0_host(cluster):
         s.listen()
         port = s.getsockname()[1]
         with pytest.raises(PortInUse, match=f"master_port {port} is already in use"):
-            torch_dist.init(cluster, master_port=port)
+            torch_dist.start(cluster, master_port=port)
 
 
 def test_nccl_without_gpus_fails_before_touching_engines(cluster):
     t0 = time.perf_counter()
     with pytest.raises(BackendUnavailable, match="nccl needs one CUDA GPU per rank"):
-        torch_dist.init(cluster, backend="nccl")
+        torch_dist.start(cluster, backend="nccl")
     assert time.perf_counter() - t0 < 1
 
 
@@ -374,7 +374,7 @@ def test_only_tf_grpc_servers_listen_beyond_loopback(cluster):
     from course_utils import tf_dist
     from course_utils.cluster import exposure
 
-    torch_dist.init(cluster)
+    torch_dist.start(cluster)
     tfc = tf_dist.start_servers(cluster, num_ps=1)
     listeners = exposure.report(cluster)
     print("\n".join(x.text() for x in listeners))
@@ -402,7 +402,7 @@ def only_rank0_reduces():
 
 
 def test_hung_collective_times_out_and_restart_recovers(cluster):
-    torch_dist.init(cluster)
+    torch_dist.start(cluster)
     old_pids = [r.pid for r in cluster.ranks]
 
     t0 = time.perf_counter()

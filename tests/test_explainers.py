@@ -3,7 +3,7 @@ expected, found and what to try, and names the mistake it recognises."""
 
 from __future__ import annotations
 
-from course_utils import checks, wiring
+from course_utils import checks, join_watch
 
 URL = ("127.0.0.1", 5000)
 
@@ -17,7 +17,7 @@ def test_feedback_format():
     assert msg == "checked:  a\nexpected: b\nfound:    c\ntry:      d" and is_feedback(msg)
 
 
-# ---- unit 0: wiring ------------------------------------------------------------------------
+# ---- unit 0: join_watch --------------------------------------------------------------------
 def outcome(rank, claim=None, error=None, group=True, returned=2.0, timeout_s=5.0,
             method="tcp://127.0.0.1:5000", world=2):
     claims = [] if claim is None else [{"rank": claim, "world_size": world, "backend": "gloo",
@@ -28,11 +28,11 @@ def outcome(rank, claim=None, error=None, group=True, returned=2.0, timeout_s=5.
 
 
 def test_explain_join_accepts_a_right_group():
-    assert wiring.explain_join([outcome(0, 0), outcome(1, 1)], *URL, timeout_s=5) is None
+    assert join_watch.explain_join([outcome(0, 0), outcome(1, 1)], *URL, timeout_s=5) is None
 
 
 def test_explain_join_names_two_ranks_claiming_rank_0_with_torchs_errors():
-    msg = wiring.explain_join([
+    msg = join_watch.explain_join([
         outcome(0, 0, "DistStoreError: Timed out after 6 seconds waiting for clients.", False),
         outcome(1, 0, "DistNetworkError: ... EADDRINUSE ...", False)], *URL, timeout_s=5)
     assert is_feedback(msg) and "two ranks claimed rank 0" in msg
@@ -41,7 +41,7 @@ def test_explain_join_names_two_ranks_claiming_rank_0_with_torchs_errors():
 
 def test_explain_join_other_mistakes():
     def why(*outs, **kw):
-        return wiring.explain_join(list(outs), *URL, **kw)
+        return join_watch.explain_join(list(outs), *URL, **kw)
 
     assert "never called dist.init_process_group" in why(
         outcome(0, error="NotImplementedError: "), outcome(1, error="NotImplementedError: "))

@@ -12,6 +12,7 @@ from course_utils import settings
 from course_utils.cluster import engine, exposure, failures, lifecycle
 from course_utils.cluster.failures import Failure
 from course_utils.errors import CollectiveMismatch, EngineError, ProcessGroupGone
+from course_utils.torch_dist import messages
 from course_utils.torch_dist import process_group as pg
 
 # IPython's verbose traceback as an engine sends it (colours stripped, shortened).
@@ -113,7 +114,7 @@ def test_mismatch_names_ranks_op_and_shapes():
     assert "rank 0: all_reduce, shape [2, 2], float" in err.cause
     assert "rank 1: all_reduce, shape [3, 2], float" in err.cause
     assert "differ in tensor shape" in err.cause and "still usable" in err.fix
-    assert pg.op_name("_REDUCE_SCATTER_BASE") == "reduce_scatter_tensor"
+    assert messages.op_name("_REDUCE_SCATTER_BASE") == "reduce_scatter_tensor"
 
 
 def test_timeouts_and_dead_groups_name_restart():

@@ -273,7 +273,7 @@ def build_class(course, folder: Path) -> dict[str, dict]:
         # a %%px cell that never returns: the cell limit stops it, nothing after it runs
         "c_infinite_loop": (_append(S(), "ex1-solution", "while True:\n    pass\n"),
                             "ex1-solution", None, "timeout"),
-        # only rank 0 calls all_reduce on cu.init_torch()'s group (60 s timeout): rank 0 waits
+        # only rank 0 calls all_reduce on cu.start_torch()'s group (60 s timeout): rank 0 waits
         # for rank 1 past the cell limit. ex1 and the prediction were tested before it.
         "d_partial_collective": (_append(
             S(), "ex2-solution",

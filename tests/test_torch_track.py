@@ -1,4 +1,4 @@
-"""The PyTorch track's helpers (collectives, train, viz, data.cifar10) and its exercise tests.
+"""The PyTorch track's helpers (p2p, bandwidth, join_watch, train, viz, data) and its tests.
 
 Pure tests run anywhere; ``cluster`` tests use real engines and a real gloo group; the
 mistakes learners make live in the catalogue (``tests/mistakes/``, run by
@@ -16,7 +16,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from course_utils import checks, collectives, data, train, viz  # noqa: E402
+from course_utils import bandwidth, checks, data, p2p, train, viz  # noqa: E402
 
 CID = f"pytest-torch-{os.getpid()}"
 
@@ -24,7 +24,7 @@ CID = f"pytest-torch-{os.getpid()}"
 # ---- pure ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("n,p", [(10, 3), (7, 2), (1, 2), (0, 4), (100003, 5), (6, 1)])
 def test_chunk_bounds_cover_the_buffer(n, p):
-    b = collectives.chunk_bounds(n, p)
+    b = p2p.chunk_bounds(n, p)
     assert len(b) == p and b[0][0] == 0 and b[-1][1] == n
     assert all(b[i][1] == b[i + 1][0] for i in range(p - 1))
     sizes = [e - s for s, e in b]
@@ -33,21 +33,21 @@ def test_chunk_bounds_cover_the_buffer(n, p):
 
 def test_chunk_bounds_rejects_nonsense():
     with pytest.raises(ValueError):
-        collectives.chunk_bounds(5, 0)
+        p2p.chunk_bounds(5, 0)
 
 
 def test_ring_bytes_and_bandwidth_formulas():
-    rb = collectives.ring_bytes(1000, 2, 4)
+    rb = p2p.ring_bytes(1000, 2, 4)
     assert rb["total"] == 2 * 1000 * 4 and rb["per_rank"] == 4000 == rb["min"] == rb["max"]
-    rb = collectives.ring_bytes(7, 4, 8)  # chunks 2,2,2,1
+    rb = p2p.ring_bytes(7, 4, 8)  # chunks 2,2,2,1
     assert rb["total"] == 6 * 7 * 8 and rb["min"] == 6 * 8 and rb["max"] == 6 * 16
-    assert collectives.algbw(2e9, 2.0) == pytest.approx(1.0)
-    assert collectives.busbw(2e9, 2.0, 2) == pytest.approx(1.0)
-    assert collectives.busbw(2e9, 2.0, 4) == pytest.approx(1.5)
-    assert collectives.busbw(2e9, 2.0, 4, "all_gather") == pytest.approx(0.75)
+    assert bandwidth.algbw(2e9, 2.0) == pytest.approx(1.0)
+    assert bandwidth.busbw(2e9, 2.0, 2) == pytest.approx(1.0)
+    assert bandwidth.busbw(2e9, 2.0, 4) == pytest.approx(1.5)
+    assert bandwidth.busbw(2e9, 2.0, 4, "all_gather") == pytest.approx(0.75)
     with pytest.raises(ValueError):
-        collectives.busbw(1, 1, 2, "nope")
-    table = collectives.bandwidth_table({"gloo": 0.1, "mine": 0.2}, 64 * 2**20, 2)
+        bandwidth.busbw(1, 1, 2, "nope")
+    table = bandwidth.bandwidth_table({"gloo": 0.1, "mine": 0.2}, 64 * 2**20, 2)
     assert "0.50x" in table and "1.00x" in table and "64 MiB" in table
 
 
@@ -142,7 +142,7 @@ def test_viz_figures_are_pure_functions_of_arrays():
 # ---- real engines ---------------------------------------------------------------------------
 RING_OK = """
 import torch, torch.distributed as dist
-from course_utils.torch_dist.collectives import chunk_bounds
+from course_utils.torch_dist.p2p import chunk_bounds
 
 def ring_ok(t):
     p, r = dist.get_world_size(), dist.get_rank()
@@ -203,7 +203,7 @@ def tcluster():
     import course_utils as cu
 
     cc = cu.start(n=2, cluster_id=CID)
-    cu.init_torch(cc)
+    cu.start_torch(cc)
     yield cc
     cc.stop(force=True)
 
@@ -214,13 +214,13 @@ def test_check_all_reduce_accepts_a_ring_and_catches_a_cheat(tcluster):
     for n in (1, 7, 1001):
         res = tcluster.run(checks.engine_check_all_reduce, "ring_ok", n, 0, timeout=60)
         assert all(x["max_abs_diff"] <= x["tol"] for x in res), res
-        assert sum(x["bytes_sent"] for x in res) == collectives.ring_bytes(n, 2, 4)["total"]
+        assert sum(x["bytes_sent"] for x in res) == p2p.ring_bytes(n, 2, 4)["total"]
     ok = tcluster.run(checks.engine_check_point_to_point_only, "ring_ok", 1001, timeout=60)
     assert all(x["max_abs_diff"] <= x["tol"] for x in ok) and checks.ring_problem(ok) is None
     cheat = tcluster.run(checks.engine_check_point_to_point_only, "ring_cheat", 1001, timeout=60)
     assert all("isend/irecv only" in x["error"] for x in cheat)
     assert "isend/irecv only" in checks.ring_problem(cheat)
-    rec = tcluster.run(collectives.engine_record_ring, "ring_ok", 5, timeout=60)
+    rec = tcluster.run(p2p.engine_record_ring, "ring_ok", 5, timeout=60)
     assert rec[0]["before"] == [0, 1, 2, 3, 4] and rec[1]["after"] == [100, 102, 104, 106, 108]
     assert rec[0]["messages"] == [(1, [0.0, 1.0, 2.0]), (1, [106.0, 108.0])]  # partial, then done
     # The guard is lifted afterwards: the real all_reduce works again.
@@ -231,7 +231,7 @@ def test_check_all_reduce_accepts_a_ring_and_catches_a_cheat(tcluster):
 @pytest.mark.cluster
 def test_engine_time_and_bench(tcluster):
     tcluster.view.execute(RING_OK, block=True)
-    res = tcluster.run(collectives.engine_bench_all_reduce, "ring_ok", 4 * 2**20, 3, timeout=120)
+    res = tcluster.run(bandwidth.engine_bench_all_reduce, "ring_ok", 4 * 2**20, 3, timeout=120)
     assert res[0] == res[1]  # max-reduced: every rank reports the slowest rank's time
     assert set(res[0]) == {"dist.all_reduce (gloo)", "ring_ok"} and all(
         0 < s < 10 for s in res[0].values())
@@ -335,25 +335,25 @@ def test_engine_join_watches_a_learners_init(tcluster):
     import time
 
     import course_utils as cu
-    from course_utils import ports, wiring
+    from course_utils import join_watch, ports
 
     tcluster.view.execute(JOIN_FUNCS, block=True)
     addr = tcluster.ranks.master_addr
     try:
         port = tcluster.run_on(0, ports.free_port, addr)
-        good = tcluster.run(wiring.engine_join, "join_right", addr, port, 5, timeout=60)
-        assert wiring.explain_join(good, addr, port, timeout_s=5) is None, good
+        good = tcluster.run(join_watch.engine_join, "join_right", addr, port, 5, timeout=60)
+        assert join_watch.explain_join(good, addr, port, timeout_s=5) is None, good
         assert good[1]["group"]["init_method"] == f"tcp://{addr}:{port}"
-        assert tcluster.run(wiring.engine_gather_ranks, timeout=30) == [[0, 1], [0, 1]]
+        assert tcluster.run(join_watch.engine_gather_ranks, timeout=30) == [[0, 1], [0, 1]]
         port = tcluster.run_on(0, ports.free_port, addr)
         t0 = time.perf_counter()
-        bad = tcluster.run(wiring.engine_join, "join_rank0", addr, port, 3, timeout=60)
+        bad = tcluster.run(join_watch.engine_join, "join_rank0", addr, port, 3, timeout=60)
         assert time.perf_counter() - t0 < 15
         assert [o["claims"][0]["rank"] for o in bad] == [0, 0]
-        assert "two ranks claimed rank 0" in wiring.explain_join(bad, addr, port, timeout_s=3)
-        assert tcluster.run(wiring.engine_has_group, timeout=30) == [False, False]
+        assert "two ranks claimed rank 0" in join_watch.explain_join(bad, addr, port, timeout_s=3)
+        assert tcluster.run(join_watch.engine_has_group, timeout=30) == [False, False]
     finally:
-        cu.init_torch(tcluster)   # engine_join destroyed the course's group: build it again
+        cu.start_torch(tcluster)   # engine_join destroyed the course's group: build it again
 
 
 @pytest.mark.cluster

@@ -391,7 +391,7 @@ def test_connection_files_are_readable_by_their_owner_only(cluster):
 
 @pytest.mark.timeout(180)
 def test_cross_host_all_reduce_and_the_shaped_link(rig, cluster):
-    info = cu.init_torch()
+    info = cu.start_torch()
     assert info["master_addr"] == rig.host("a").address and info["backend"] == "gloo"
     assert cluster.run(probes.engine_rank_sum, timeout=60) == [10.0] * 4
     nbytes = 16 * 2**20
@@ -414,7 +414,7 @@ def test_cross_host_all_reduce_and_the_shaped_link(rig, cluster):
 
 @pytest.mark.timeout(120)
 def test_unit3_ddp_training_across_hosts_keeps_replicas_equal(cluster):
-    cu.init_torch()
+    cu.start_torch()
     res = cluster.run(probes.engine_ddp_steps, 4, timeout=120)
     print(f"\nDDP 4 steps on 4 ranks / 2 hosts: loss {res[0]['loss']:.3f}, "
           f"checksums {[r['checksum'] for r in res]}")
@@ -447,8 +447,8 @@ def test_tf_cluster_spec_with_ps_on_a_and_workers_on_both_hosts(rig, cluster):
 def test_link_down_during_all_reduce_is_a_clear_error_and_restart_recovers(rig, cluster):
     from course_utils import torch_dist
 
-    torch_dist.destroy(cluster)
-    cu.init_torch(timeout=PG_TIMEOUT)  # a short collective timeout for this test
+    torch_dist.stop(cluster)
+    cu.start_torch(timeout=PG_TIMEOUT)  # a short collective timeout for this test
     old_pids = {r.pid for r in cluster.ranks}
     box: dict[str, object] = {}
 

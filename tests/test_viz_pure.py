@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from course_utils import viz  # noqa: E402
 from course_utils.instructor import gallery  # noqa: E402
 from course_utils.tf_dist import record as trec  # noqa: E402
-from course_utils.torch_dist import collectives  # noqa: E402
+from course_utils.torch_dist import p2p  # noqa: E402
 from course_utils.viz import cheatsheet, live, ring, style, timeline
 from course_utils.viz import ps as ps_traffic  # noqa: E402
 
@@ -170,7 +170,7 @@ def test_live_training_figure_renders():
 def simulate_ring(p: int, n: int) -> list[dict]:
     """What ``engine_record_ring_frames`` records for a textbook chunked ring, computed in plain
     Python (the learner's ring itself runs on engines in test_viz_torch)."""
-    bounds = collectives.chunk_bounds(n, p)
+    bounds = p2p.chunk_bounds(n, p)
     bufs = [[float(2**r * (i + 1)) for i in range(n)] for r in range(p)]
     recs = [{"rank": r, "world_size": p, "n": n, "frames": [], "sends": []} for r in range(p)]
     for phase in (0, 1):
@@ -197,7 +197,7 @@ def test_replay_decodes_who_contributed_to_every_chunk(p, n):
     full = 2**p - 1
     assert rp["masks"][0] == [[2**r] * n for r in range(p)]  # before: only its own
     assert all(m == full for row in rp["masks"][-1] for m in row)  # after: everyone's
-    bounds = collectives.chunk_bounds(n, p)
+    bounds = p2p.chunk_bounds(n, p)
     after_rs = rp["masks"][p - 1]
     for r in range(p):  # after reduce-scatter rank r holds the full sum of chunk r+1
         a, b = bounds[(r + 1) % p]

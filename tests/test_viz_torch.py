@@ -15,8 +15,8 @@ import pytest
 matplotlib.use("Agg")
 
 from course_utils import viz  # noqa: E402
-from course_utils.torch_dist import perf, record  # noqa: E402
-from course_utils.torch_dist.collectives import chunk_bounds  # noqa: E402
+from course_utils.torch_dist import live_log, perf, record  # noqa: E402
+from course_utils.torch_dist.p2p import chunk_bounds  # noqa: E402
 from course_utils.viz import cheatsheet, ring  # noqa: E402
 
 pytestmark = pytest.mark.cluster
@@ -27,7 +27,7 @@ P = 4
 REFERENCE_RING = """
 import torch
 import torch.distributed as dist
-from course_utils.torch_dist.collectives import chunk_bounds
+from course_utils.torch_dist.p2p import chunk_bounds
 
 _buffers = {}
 
@@ -66,7 +66,7 @@ def cc():
     import course_utils as cu
 
     cluster = cu.start(n=P, cluster_id=CID)
-    cu.init_torch(cluster)
+    cu.start_torch(cluster)
     cluster.view.execute(REFERENCE_RING + ALL_REDUCE_OF_RING_INPUT, block=True)
     yield cluster
     from course_utils.cluster import lifecycle
@@ -181,7 +181,7 @@ def test_ddp_profile_shows_one_all_reduce_per_bucket_per_step(cc):
 
 
 def test_live_log_is_published_while_training_runs(cc):
-    ar = record.start_train_live(40, delay=0.03, cluster=cc, batch=32, hidden=16, max_hz=20.0)
+    ar = live_log.start_train_live(40, delay=0.03, cluster=cc, batch=32, hidden=16, max_hz=20.0)
     seen = []
     while not ar.ready():
         seen.append([len(r) if r else 0 for r in viz.live.published_rows(ar)])

@@ -2,7 +2,7 @@
 
 They run the learner's ``%%px``-defined ring on every rank while spying on what it sends (and,
 for the hidden tests, with every built-in collective switched off), then report plain data the
-test cells assert on. Teaching helpers live in :mod:`course_utils.torch_dist.collectives`.
+test cells assert on. Teaching helpers live in :mod:`course_utils.torch_dist.p2p`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
 
     Every rank draws its own random tensor of ``n`` items (seeded by ``seed`` and its rank) and
     runs the learner's function on it, recording the size of every message sent with
-    ``dist.send``/``dist.isend`` meanwhile, under :func:`~course_utils.collectives.p2p_watchdog`
+    ``dist.send``/``dist.isend`` meanwhile, under :func:`~course_utils.p2p.p2p_watchdog`
     (a send or receive that waits more than ``wait_s`` seconds stops with the call it was
     stuck in). The true sum is computed on each rank from every rank's known input, without a
     collective, so one rank's failure can never leave the others waiting here.
@@ -50,7 +50,7 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
 
     import __main__
 
-    from ..torch_dist.collectives import P2PStuck, p2p_watchdog
+    from ..torch_dist.p2p import P2PStuck, p2p_watchdog
 
     fn = vars(__main__).get(fn_name)
     if fn is None:

@@ -2,7 +2,7 @@
 the link, and whether unit 3's DDP training keeps replicas equal across hosts.
 
 Every function runs *on* an engine (``cluster.run(fn)``); the collective ones need the process
-group ``cu.init_torch()`` made, and every rank must call them.
+group ``cu.start_torch()`` made, and every rank must call them.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def engine_all_reduce_time(nbytes: int = 16 * 2**20, iters: int = 5) -> dict[str
     import torch
     import torch.distributed as dist
 
-    from course_utils.torch_dist.collectives import busbw, engine_time
+    from course_utils.torch_dist.bandwidth import busbw, engine_time
 
     t = torch.ones(nbytes // 4)
     seconds = engine_time(lambda: dist.all_reduce(t), iters=iters, warmup=1)
@@ -72,7 +72,7 @@ def engine_all_reduce_for(seconds: float, nbytes: int = 2**20) -> int:
     """*Collective.* all_reduce ``nbytes`` again and again for ``seconds``; returns the count.
 
     Unit 6 and its tests pull a cable in the middle of it: the collective timeout of the
-    process group (``cu.init_torch(timeout=...)``) turns the stall into an error.
+    process group (``cu.start_torch(timeout=...)``) turns the stall into an error.
     """
     import time
 

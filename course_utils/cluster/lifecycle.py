@@ -7,7 +7,7 @@ Typical notebook use::
 
     import course_utils as cu
     cluster = cu.start()          # idempotent: reuses a running cluster (course lab's or ours)
-    cu.init_torch()               # process group on every engine
+    cu.start_torch()               # process group on every engine
     %%px                          # every later cell runs on every rank
 """
 

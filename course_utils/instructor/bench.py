@@ -71,7 +71,7 @@ def startup(n: int = 2, repeat: int = 200) -> dict[str, Any]:
     cid = f"bench-{os.getpid()}"
     t0 = time.perf_counter()
     cc = cluster.start(n=n, cluster_id=cid)
-    torch_dist.init(cc)
+    torch_dist.start(cc)
     cold = time.perf_counter() - t0
     print(f"course helpers, cold:           {cold:.2f} s")
     try:
@@ -80,7 +80,7 @@ def startup(n: int = 2, repeat: int = 200) -> dict[str, Any]:
         cluster._current = None
         t0 = time.perf_counter()
         cc2 = cluster.start(cluster_id=cid)
-        info = torch_dist.init(cc2)
+        info = torch_dist.start(cc2)
         warm = time.perf_counter() - t0
         print(f"course helpers, warm:           {warm:.3f} s (group reused: {info['reused']})")
 

@@ -95,7 +95,7 @@ def check_cluster(engines: int, timeout: float, tf: bool = False,
                             f"{engines} engines up in {time.perf_counter() - t0:.1f} s"))
         t1 = time.perf_counter()
         try:
-            torch_dist.init(cc, backend="gloo", timeout=min(timeout, 60))
+            torch_dist.start(cc, backend="gloo", timeout=min(timeout, 60))
             sums = cc.run(_rank_sum, timeout=30)
             want = float(sum(range(1, engines + 1)))
             ok = all(s == want for s in sums)

@@ -253,14 +253,14 @@ def _cluster(n: int, suffix: str) -> Any:
 
 def _ring_part(gal: Gallery, ranks: int) -> None:
     from .. import viz
-    from ..torch_dist import collectives, record
-    from ..torch_dist.process_group import init
+    from ..torch_dist import p2p, record
+    from ..torch_dist.process_group import start
     from ..viz import cheatsheet, ring
 
     nb01 = NOTEBOOKS / "01_collectives.ipynb"
     cc = _cluster(ranks, f"gallery{ranks}")
     try:
-        init(cc, backend="gloo")
+        start(cc, backend="gloo")
         cc.view.execute(px_code(nb01, UNIT1_CELLS), block=False).get(timeout=120)
         run = (f"01_collectives' ring_all_reduce (the solution cell) on {ranks} gloo ranks, "
                f"a {2 * ranks}-element buffer, every send recorded")
@@ -272,7 +272,7 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
 
         gal.figure("ring_replay", FIGURES[0][1], run, replay)
         gal.figure("ring_trace", FIGURES[1][1], run.replace("every send", "every message"),
-                   lambda: viz.ring_trace(cc.run(collectives.engine_record_ring,
+                   lambda: viz.ring_trace(cc.run(p2p.engine_record_ring,
                                                  "ring_all_reduce", 2 * ranks + 1, timeout=60),
                                           f"ring all-reduce on {ranks} ranks, recorded"))
         recs: list[Any] = []
@@ -294,8 +294,8 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
 
 def _torch_part(gal: Gallery, tf: bool) -> None:
     from .. import viz
-    from ..torch_dist import collectives, record
-    from ..torch_dist.process_group import init
+    from ..torch_dist import bandwidth, live_log, record
+    from ..torch_dist.process_group import start
 
     cc = _cluster(2, "gallery2")
     try:
@@ -303,16 +303,16 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
             # TensorFlow first, on fresh engines: its servers cannot stop, and the teardown
             # after them gives the PyTorch figures fresh engines (one engine restart in all).
             _tf_part(gal, cc)
-        init(cc, backend="gloo")
+        start(cc, backend="gloo")
         p = cc.world_size
         nb01 = NOTEBOOKS / "01_collectives.ipynb"
         cc.view.execute(px_code(nb01, UNIT1_CELLS), block=False).get(timeout=120)
         nbytes = 8 * 2**20
 
         def bars() -> Any:
-            times = cc.run(collectives.engine_bench_all_reduce, "ring_all_reduce", nbytes, 5,
+            times = cc.run(bandwidth.engine_bench_all_reduce, "ring_all_reduce", nbytes, 5,
                            timeout=120)[0]
-            bus = {k: collectives.busbw(nbytes, s, p) for k, s in times.items()}
+            bus = {k: bandwidth.busbw(nbytes, s, p) for k, s in times.items()}
             return viz.bandwidth_bars(bus, f"all-reduce of {nbytes >> 20} MiB on {p} ranks")
 
         gal.figure("bandwidth_bars", FIGURES[4][1],
@@ -340,13 +340,13 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
         rows: list[Any] = []
 
         def live() -> Any:
-            ar = cc.client[cc.ranks.engine_ids].apply_async(record.engine_train_live, 60)
+            ar = cc.client[cc.ranks.engine_ids].apply_async(live_log.engine_train_live, 60)
             rows.extend(viz.live.watch(ar, p, title=f"DDP on {p} ranks, live", live=False,
                                        timeout=120))
             return viz.live.live_training(rows, f"DDP on {p} ranks (final frame)")
 
         gal.figure("live_training", FIGURES[7][1],
-                   f"torch_dist.record.engine_train_live: 60 DDP steps on the digits, {p} "
+                   f"torch_dist.live_log.engine_train_live: 60 DDP steps on the digits, {p} "
                    "ranks, rows published with ipyparallel datapub", live)
         gal.figure("per_rank_curves", FIGURES[8][1], "the live view's run, loss per rank",
                    lambda: viz.per_rank_curves([[r["loss"] for r in rr] for rr in rows],

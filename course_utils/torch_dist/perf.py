@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..notebook_cells import find_cell, source_text, without_px
+
 #: The scaling table's configurations, in the order they take turns in each round.
 SCALING_KINDS = ("one_rank", "ddp", "ddp_bucket_view", "no_sync")
 
@@ -162,12 +164,10 @@ def ring_source(notebook: str | Path = "01_collectives.ipynb", grade_id: str = R
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: this unit reads your ring from unit 1's "
                                 "notebook in the same folder")
-    nb = json.loads(path.read_text(encoding="utf-8"))
-    for cell in nb.get("cells", []):
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
-            src = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
-            return "\n".join(ln for ln in src.splitlines() if not ln.startswith("%%px"))
-    raise KeyError(f"{path} has no cell {grade_id!r} (the ring exercise)")
+    cell = find_cell(json.loads(path.read_text(encoding="utf-8")).get("cells", []), grade_id)
+    if cell is None:
+        raise KeyError(f"{path} has no cell {grade_id!r} (the ring exercise)")
+    return without_px(source_text(cell))
 
 
 def engine_ring_ok(fn_name: str = RING_NAME, n: int = 1001, seconds: float = 5.0) -> str:
@@ -178,7 +178,7 @@ def engine_ring_ok(fn_name: str = RING_NAME, n: int = 1001, seconds: float = 5.0
 
     import __main__
 
-    from .collectives import p2p_watchdog
+    from .p2p import p2p_watchdog
 
     fn = vars(__main__).get(fn_name)
     if fn is None:
@@ -206,13 +206,13 @@ def engine_sweep_pair(sizes: Sequence[int], fn_name: str = RING_NAME, iters: int
                       warmup: int = 1) -> dict[str, Any]:
     """*Collective.* For each size (bytes, float32): the median seconds of ``dist.all_reduce``
     and of the ``%%px`` ring ``fn_name``, measured in turns
-    (:func:`course_utils.torch_dist.collectives.engine_compare`), the slowest rank's time."""
+    (:func:`course_utils.torch_dist.bandwidth.engine_compare`), the slowest rank's time."""
     import torch
     import torch.distributed as dist
 
     import __main__
 
-    from .collectives import engine_compare
+    from .bandwidth import engine_compare
 
     fn = vars(__main__)[fn_name]
     out: dict[str, list[float]] = {"dist.all_reduce": [], fn_name: []}
@@ -291,7 +291,7 @@ def sweep(sizes: Sequence[int], with_ring: bool = True, iters: int = 7,
 
 def format_sweep(measured: dict[str, Any], p: int) -> str:
     """The sweep as a table: per size and implementation, time (us), algbw and busbw (MB/s)."""
-    from .collectives import algbw, busbw
+    from .bandwidth import algbw, busbw
 
     names = list(measured["seconds"])
     head = f"{'bytes':>9}"

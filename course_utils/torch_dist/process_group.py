@@ -1,26 +1,23 @@
-"""torch.distributed on every engine: backend choice, process-group init/teardown, timeouts.
+"""torch.distributed on every engine: backend choice, process-group start/stop, timeouts.
 
-Introduced in ``00_cluster_tour``. The kernel side (``init``, ``destroy``) never imports torch;
+Introduced in ``00_cluster_tour``. The kernel side (``start``, ``stop``) never imports torch;
 torch is imported on the engines by the ``_engine_*`` functions, which ipyparallel runs there.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from .. import settings
-from ..cluster import CourseCluster, current, failures, ports
+from ..cluster import CourseCluster, current, ports
 from ..errors import (
     BackendUnavailable,
     ClusterTimeout,
-    CollectiveMismatch,
-    CourseError,
     PortInUse,
-    ProcessGroupGone,
     WorldSizeMismatch,
 )
+from . import messages  # noqa: F401  # registers what torch's messages mean with the cluster
 
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -63,7 +60,7 @@ def backend_label(chosen: str) -> str:
 
 
 def debug_level(debug: str | bool | None) -> str:
-    """``cu.init_torch(debug=...)`` -> ``off``/``info``/``detail`` (None: ``$COURSE_TORCH_DEBUG``,
+    """``cu.start_torch(debug=...)`` -> ``off``/``info``/``detail`` (None: ``$COURSE_TORCH_DEBUG``,
     default ``detail``; True: ``detail``; False: ``off``)."""
     if debug is None:
         return settings.torch_debug()
@@ -75,7 +72,7 @@ def debug_level(debug: str | bool | None) -> str:
     return level
 
 
-def init(
+def start(
     cluster: CourseCluster | None = None,
     backend: str = "auto",
     timeout: float | None = None,
@@ -134,7 +131,7 @@ def init(
         for r in rm
     ]
     try:
-        results = cc.run_per_rank(_engine_init, args, timeout=pg_timeout + 30)
+        results = cc.run_per_rank(_engine_start, args, timeout=pg_timeout + 30)
     except ClusterTimeout as exc:
         raise ClusterTimeout(
             f"the {chosen} process group did not form on {rm.master_addr}:{port} "
@@ -147,18 +144,18 @@ def init(
     return {**results[0], "reused": False}
 
 
-def destroy(cluster: CourseCluster | None = None) -> list[bool]:
+def stop(cluster: CourseCluster | None = None) -> list[bool]:
     """Destroy the process group on every engine (no-op where there is none)."""
     cc = cluster or current()
     cc.on_restart("torch", None)
-    return cc.run(_engine_destroy, timeout=30)
+    return cc.run(_engine_stop, timeout=30)
 
 
 def _register_hooks(cc: CourseCluster, backend: str, timeout: float | None,
                     debug: str | bool | None = None) -> None:
     # After cu.restart() the new engines get a fresh group with the same settings.
-    cc.on_restart("torch", lambda c: init(c, backend=backend, timeout=timeout, debug=debug))
-    cc.on_stop("torch", lambda c: c.run(_engine_destroy, timeout=10))
+    cc.on_restart("torch", lambda c: start(c, backend=backend, timeout=timeout, debug=debug))
+    cc.on_stop("torch", lambda c: c.run(_engine_stop, timeout=10))
 
 
 # ---- engine side ---------------------------------------------------------------------------
@@ -180,12 +177,11 @@ def _engine_state() -> dict[str, Any] | None:
     return dict(_ENGINE)
 
 
-def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, port: int,
+def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str, port: int,
                  backend: str, timeout_s: float, debug: str = "off",
                  loopback: bool = False) -> dict[str, Any]:
     import datetime
     import os
-    import socket
 
     import torch
     import torch.distributed as dist
@@ -210,37 +206,9 @@ def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, 
     if threads:
         torch.set_num_threads(threads)
     cuda = "nccl" in backend
-    if cuda:
-        # An engine pinned to its GPU (CUDA_VISIBLE_DEVICES, cluster.engine.pin_gpu) sees it
-        # as device 0; an unpinned one sees every GPU of its host and uses its local rank's.
-        if torch.cuda.device_count() == 0:
-            raise BackendUnavailable(
-                f"rank {rank} was given NCCL but torch sees no CUDA device here "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
-                "use cu.init_torch(backend='gloo'), or check the host's GPUs with `nvidia-smi`")
-        index = local_rank % torch.cuda.device_count()
-        torch.cuda.set_device(index)
-        device = torch.device("cuda", index)
-    else:
-        device = torch.device("cpu")
+    device = _engine_device(rank, local_rank, cuda)
     timeout = datetime.timedelta(seconds=timeout_s)
-    # The rendezvous store. torch's own tcp:// init binds the master port on every interface;
-    # a socket bound here to master_addr (loopback on the local profile) and handed over keeps
-    # it there.
-    if rank == 0:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((master_addr, port))
-        except OSError as exc:
-            sock.close()
-            raise PortInUse(f"rank 0 cannot listen on {master_addr}:{port}: {exc.strerror}",
-                            "run cu.init_torch() again: it picks a fresh port") from None
-        sock.listen(128)
-        store = dist.TCPStore(master_addr, port, world_size, True, timeout,
-                              master_listen_fd=sock.detach(), use_libuv=True)
-    else:
-        store = dist.TCPStore(master_addr, port, world_size, False, timeout, use_libuv=True)
+    store = _engine_store(rank, world_size, master_addr, port, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
     if debug == "detail":
@@ -263,6 +231,49 @@ def _engine_init(rank: int, world_size: int, local_rank: int, master_addr: str, 
                    debug=debug, torch=torch.__version__)
     __main__.device = device
     return dict(_ENGINE)
+
+
+def _engine_device(rank: int, local_rank: int, cuda: bool) -> Any:
+    """This rank's torch device: its GPU for an NCCL group, else the CPU."""
+    import os
+
+    import torch
+
+    if not cuda:
+        return torch.device("cpu")
+    # An engine pinned to its GPU (CUDA_VISIBLE_DEVICES, cluster.engine.pin_gpu) sees it as
+    # device 0; an unpinned one sees every GPU of its host and uses its local rank's.
+    if torch.cuda.device_count() == 0:
+        raise BackendUnavailable(
+            f"rank {rank} was given NCCL but torch sees no CUDA device here "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
+            "use cu.start_torch(backend='gloo'), or check the host's GPUs with `nvidia-smi`")
+    index = local_rank % torch.cuda.device_count()
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def _engine_store(rank: int, world_size: int, master_addr: str, port: int, timeout: Any) -> Any:
+    """The rendezvous store. torch's own tcp:// init binds the master port on every interface;
+    a socket bound here to ``master_addr`` (loopback on the local profile) and handed over keeps
+    it there."""
+    import socket
+
+    import torch.distributed as dist
+
+    if rank != 0:
+        return dist.TCPStore(master_addr, port, world_size, False, timeout, use_libuv=True)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((master_addr, port))
+    except OSError as exc:
+        sock.close()
+        raise PortInUse(f"rank 0 cannot listen on {master_addr}:{port}: {exc.strerror}",
+                        "run cu.start_torch() again: it picks a fresh port") from None
+    sock.listen(128)
+    return dist.TCPStore(master_addr, port, world_size, True, timeout,
+                         master_listen_fd=sock.detach(), use_libuv=True)
 
 
 def _guard_ddp() -> None:
@@ -302,7 +313,7 @@ def _loopback_ifname() -> str | None:
     return next((n for n in ("lo", "lo0") if n in names), None)
 
 
-def _engine_destroy() -> bool:
+def _engine_stop() -> bool:
     import sys
 
     _ENGINE.clear()
@@ -329,14 +340,14 @@ def debug_overhead(cluster: CourseCluster | None = None,
     out: dict[int, dict[str, float]] = {int(n): {} for n in sizes}
     for _ in range(max(1, rounds)):
         for level in ("off", "detail"):
-            init(cc, debug=level)
+            start(cc, debug=level)
             for n in sizes:
                 ms = max(cc.run(_engine_time_all_reduce, int(n), float(seconds_per_size),
                                 timeout=60 + 20 * seconds_per_size))  # the slowest rank counts
                 out[int(n)][level] = min(ms, out[int(n)].get(level, float("inf")))
     for row in out.values():
         row["ratio"] = row["detail"] / row["off"] if row["off"] else float("nan")
-    init(cc)
+    start(cc)
     return out
 
 
@@ -362,106 +373,3 @@ def _engine_time_all_reduce(nbytes: int, budget_s: float) -> float:
         dist.all_reduce(t)
         times.append(time.perf_counter() - t0)
     return 1000 * statistics.median(times)
-
-
-# ---- what known torch messages mean, for the learner (kernel side) ---------------------------
-_FINGERPRINT = re.compile(
-    r"Rank (?P<rank>\d+) is running collective: CollectiveFingerPrint\("
-    r"SequenceNumber=(?P<seq>\d+), OpType=(?P<op>\w+)"
-    r"(?:, TensorShape=\[(?P<shape>[^\]]*)\])?(?:, TensorDtypes=(?P<dtype>[^,)]+))?")
-_TIMEOUT = re.compile(r"Timed out waiting (?P<ms>\d+)ms|timed out after (?P<ms2>\d+) ?ms"
-                      r"|Watchdog caught collective operation timeout", re.I)
-_BARRIER = re.compile(r"Ranks? (?P<ranks>[\d, ]+) failed to pass monitoredBarrier in "
-                      r"(?P<ms>\d+) ms")
-_GONE = re.compile(r"Connection closed by peer|pair closure|Connection reset by peer"
-                   r"|Broken pipe|NCCL communicator was aborted", re.I)
-_OPS = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather",
-        "REDUCE_SCATTER": "reduce_scatter", "_ALLGATHER_BASE": "all_gather_into_tensor",
-        "_REDUCE_SCATTER_BASE": "reduce_scatter_tensor", "ALLTOALL": "all_to_all",
-        "ALLTOALL_BASE": "all_to_all_single", "ALLREDUCE_COALESCED": "all_reduce_coalesced",
-        "ALLGATHER_COALESCED": "all_gather_coalesced"}
-RESTART_FIX = ("run cu.restart() (it replaces the engines and rebuilds the process group), then "
-               "make every rank call the same collectives in the same order and re-run the cell")
-
-
-def op_name(op_type: str) -> str:
-    """torch's ``OpType`` name -> the ``torch.distributed`` function a learner calls."""
-    return _OPS.get(op_type, op_type.lower())
-
-
-def collective_calls(messages: Sequence[str]) -> dict[int, dict[str, str]]:
-    """Per rank, the collective it was running, from DETAIL-mode mismatch messages:
-    ``{rank: {"op": "all_reduce", "shape": "[2, 2]", "dtype": "float", "seq": "1"}}``."""
-    calls: dict[int, dict[str, str]] = {}
-    for text in messages:
-        for m in _FINGERPRINT.finditer(text):
-            calls.setdefault(int(m["rank"]), {
-                "op": op_name(m["op"]),
-                "shape": f"[{m['shape']}]" if m["shape"] is not None else "",
-                "dtype": (m["dtype"] or "").strip().lower(),
-                "seq": m["seq"],
-            })
-    return calls
-
-
-def mismatch_error(messages: Sequence[str]) -> CollectiveMismatch:
-    """The course's message for a DETAIL-mode "Detected mismatch between collectives"."""
-    calls = collective_calls(messages)
-    rows = []
-    for rank in sorted(calls):
-        c = calls[rank]
-        bits = [c["op"]] + [f"shape {c['shape']}"] * bool(c["shape"]) + [c["dtype"]] * bool(
-            c["dtype"])
-        rows.append(f"rank {rank}: {', '.join(bits)}")
-    differ = [k for k in ("op", "shape", "dtype") if len({c[k] for c in calls.values()}) > 1]
-    what = {"op": "the collective called", "shape": "tensor shape", "dtype": "dtype"}
-    seq = sorted({c["seq"] for c in calls.values()})
-    return CollectiveMismatch(
-        "the ranks called collectives that do not match (caught at once by "
-        f"TORCH_DISTRIBUTED_DEBUG=DETAIL, collective #{'/'.join(seq)} of the group):\n  "
-        + "\n  ".join(rows)
-        + (f"\nThey differ in {' and '.join(what[k] for k in differ)}." if differ else ""),
-        "every rank must call the same collectives in the same order, with tensors of the "
-        "same shape and dtype (a size that depends on the rank is the usual cause); the group "
-        "is still usable: fix the code and re-run the cell",
-    )
-
-
-def _translate(found: Sequence[failures.Failure]) -> CourseError | None:
-    texts = [f.evalue for f in found]
-    if any("Detected mismatch between collectives" in t for t in texts):
-        return mismatch_error(texts)
-    ranks = failures.rank_list([f.rank for f in found if f.rank is not None] or [0])
-    for f in found:
-        m = _BARRIER.search(f.evalue)
-        if m:
-            late = failures.rank_list([int(r) for r in m["ranks"].replace(",", " ").split()])
-            return ProcessGroupGone(
-                f"{late} never reached the collective that {f.where} waited "
-                f"in for {int(m['ms']) / 1000:g} s (the process-group timeout); a group that "
-                "timed out is closed and cannot be used again", RESTART_FIX)
-    timed = [f for f in found if _TIMEOUT.search(f.evalue)]
-    if timed:
-        m = _TIMEOUT.search(timed[0].evalue)
-        ms = (m["ms"] or m["ms2"]) if m else None
-        waited = f" for {int(ms) / 1000:g} s" if ms else ""
-        who = failures.rank_list([f.rank for f in timed if f.rank is not None] or [0])
-        return ProcessGroupGone(
-            f"{who} waited in a collective{waited} (the process-group "
-            "timeout) for ranks that never joined it: a collective some ranks skip, or call in "
-            "another order. A group that timed out is closed and cannot be used again",
-            RESTART_FIX)
-    if any(_GONE.search(t) for t in texts):
-        return ProcessGroupGone(
-            f"the process group is gone ({ranks}): an earlier collective timed out, or a rank "
-            "died, and closed its connections; a group cannot be used after that",
-            "run cu.restart() (it replaces the engines and rebuilds the process group), then "
-            "re-run the cell")
-    if any("Default process group has not been initialized" in t for t in texts):
-        return ProcessGroupGone(
-            f"{ranks} have no process group (it was never built, or was destroyed)",
-            "run cu.init_torch() first, then re-run the cell")
-    return None
-
-
-failures.add_translator("torch", _translate)

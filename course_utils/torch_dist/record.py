@@ -7,15 +7,14 @@ talks to a cluster). Every ``engine_*`` function runs on the engines (``cluster.
 * ``01_collectives``: :func:`engine_record_collectives` (the cheat sheet),
   :func:`engine_record_ring_frames` and :func:`record_ring_replay` (the ring replay on 4 ranks);
 * ``03_pytorch_ddp`` and the performance unit: :func:`engine_profile_ddp` and
-  :func:`profile_ddp` (the DDP timeline), :func:`engine_sweep_all_reduce` (the cost model),
-  :class:`LiveLog`, :func:`engine_train_live` and :func:`start_train_live` (the live training
-  view).
+  :func:`profile_ddp` (the DDP timeline), :func:`engine_sweep_all_reduce` (the cost model).
+
+The live training view records with :mod:`course_utils.torch_dist.live_log`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,7 +42,7 @@ def engine_sweep_all_reduce(sizes: Sequence[int] | None = None, iters: int = 15,
     import torch
     import torch.distributed as dist
 
-    from .collectives import engine_time
+    from .bandwidth import engine_time
 
     sizes = list(default_sizes() if sizes is None else sizes)
     seconds = []
@@ -185,95 +184,6 @@ def _merge_backward(events: list[dict[str, Any]], gap: float = 2e-4) -> list[dic
     return out
 
 
-# ---- live training view --------------------------------------------------------------------
-class LiveLog:
-    """Per-step metrics of a training loop on an engine, kept in a list and published to the
-    kernel while the loop runs (ipyparallel's ``datapub``), at most ``max_hz`` times a second.
-
-    ``course_utils.viz.live.watch`` draws them from the kernel as they arrive; afterwards
-    ``cluster.pull`` of the variable holding the log gives its ``rows``. Introduced in
-    ``03_pytorch_ddp``.
-    """
-
-    def __init__(self, max_hz: float = 4.0) -> None:
-        self.rows: list[dict[str, float]] = []
-        self.min_interval = 1.0 / max_hz if max_hz > 0 else 0.0
-        self._last = 0.0
-        self._t0 = time.perf_counter()
-        self._published = 0
-
-    def log(self, **metrics: float) -> None:
-        """Append one step's metrics (``time`` since the log began is added); publish the
-        rows not yet sent when the last publication is older than ``1/max_hz`` s."""
-        row = {k: float(v) for k, v in metrics.items()}
-        row.setdefault("time", time.perf_counter() - self._t0)
-        self.rows.append(row)
-        now = time.perf_counter()
-        if now - self._last >= self.min_interval:
-            self.flush()
-            self._last = now
-
-    def flush(self) -> None:
-        """Publish every row logged so far (the kernel keeps the newest publication)."""
-        try:
-            from ipyparallel.datapub import publish_data
-
-            publish_data({"course_live": list(self.rows)})
-            self._published = len(self.rows)
-        except Exception:  # not inside an ipyparallel engine: the rows stay pullable
-            pass
-
-
-def engine_train_live(steps: int = 60, batch: int = 64, lr: float = 0.1, hidden: int = 64,
-                      max_hz: float = 4.0, delay: float = 0.0) -> list[dict[str, float]]:
-    """*Collective.* A small DDP run on this rank's shard of the digits that logs every step to
-    a :class:`LiveLog` (loss, step time, samples/s); returns the rows. ``delay`` seconds of sleep
-    per step make a short run last long enough to watch."""
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from ..data import digits
-    from .train import digits_mlp, step_batches
-
-    rank, p = dist.get_rank(), dist.get_world_size()
-    ds = digits()
-    x, y = torch.from_numpy(ds.x), torch.from_numpy(ds.y)
-    model = DDP(digits_mlp(0, hidden))
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    live = LiveLog(max_hz=max_hz)
-    for s, idx in enumerate(step_batches(len(ds), rank, p, batch, steps)):
-        t0 = time.perf_counter()
-        ii = torch.from_numpy(idx)
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x[ii]), y[ii])
-        loss.backward()
-        opt.step()
-        if delay:
-            time.sleep(delay)
-        dt = time.perf_counter() - t0
-        live.log(step=s, loss=float(loss), step_time=dt, samples_per_s=len(ii) / dt)
-    live.flush()
-    return live.rows
-
-
-def start_train_live(steps: int = 60, delay: float | None = None,
-                     cluster: CourseCluster | None = None, **kwargs: Any) -> Any:
-    """Start :func:`engine_train_live` on every rank *without waiting* and return its
-    ``AsyncResult`` (ranks in order) for :func:`course_utils.viz.watch`, which draws the rows
-    while the ranks train. ``delay`` (s of sleep per step) defaults to 0.05 where the figure can
-    update in place, so a short run lasts long enough to watch, and to 0 where it cannot (nbval,
-    scripts). ``kwargs`` go to :func:`engine_train_live`. Introduced in ``03_pytorch_ddp``."""
-    from ..viz.live import live_possible
-
-    cc = cluster or current()
-    if delay is None:
-        delay = 0.05 if live_possible() else 0.0
-    return cc.client[cc.ranks.engine_ids].apply_async(engine_train_live, steps, delay=delay,
-                                                      **kwargs)
-
-
 # ---- collectives cheat sheet ---------------------------------------------------------------
 def engine_record_collectives(width: int = 2) -> dict[str, Any]:
     """*Collective.* Run the seven collectives once each on small readable tensors and return
@@ -351,14 +261,15 @@ def engine_record_ring_frames(fn_name: str = "ring_all_reduce", n: int | None = 
     exactly (float32 is exact here for up to 16 ranks and small ``n``). Returns ``frames`` (the
     buffer before each send, then after the call), ``sends`` (destination, first element and
     size of each message) and ``n``; :func:`course_utils.viz.ring.replay_frames` decodes them.
-    Under :func:`~course_utils.torch_dist.collectives.p2p_watchdog` (``watchdog`` seconds; None:
+    Under :func:`~course_utils.torch_dist.p2p.p2p_watchdog` (``watchdog`` seconds; None:
     without), so a ring that deadlocks says so instead of hanging the process group.
     """
 
     import torch
     import torch.distributed as dist
 
-    from .collectives import p2p_watchdog, px_function, record_sends
+    from .p2p import p2p_watchdog, record_sends
+    from .px_functions import px_function
 
     fn = px_function(fn_name)
     r, p = dist.get_rank(), dist.get_world_size()
@@ -372,87 +283,6 @@ def engine_record_ring_frames(fn_name: str = "ring_all_reduce", n: int | None = 
     return {"rank": r, "world_size": p, "n": n, "frames": [m["buffer"] for m in sent] + [
         t.tolist()], "sends": [{"dst": m["dst"], "start": m["start"], "size": len(m["values"])}
                                for m in sent]}
-
-
-def _global_names(code: Any) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _global_names(const)
-    return names
-
-
-#: Names every engine gets from the course itself (never copied between clusters).
-_ENGINE_NAMES = {"rank", "world_size", "local_rank", "host", "device"}
-
-
-def engine_snapshot_of(name: str) -> bytes:
-    """The ``%%px`` function ``name`` as a portable snapshot: its source, the sources of the
-    ``%%px`` functions it calls, the modules and imported functions it uses, and its other
-    globals (pickled). Bytes, so the kernel forwards it without unpickling (no torch there).
-    Not collective. :func:`engine_restore` rebuilds it on another cluster's engines."""
-    import importlib
-    import inspect
-    import pickle
-    import textwrap
-    import types
-
-    import __main__
-
-    ns = vars(__main__)
-    if not callable(ns.get(name)):
-        raise NameError(f"{name!r} is not defined on this engine: run the %%px cell first")
-    sources: dict[str, str] = {}
-    modules: dict[str, str] = {}
-    froms: dict[str, tuple[str, str]] = {}
-    values: dict[str, bytes] = {}
-    todo = [name]
-    while todo:
-        fname = todo.pop()
-        if fname in sources:
-            continue
-        fn = ns[fname]
-        sources[fname] = textwrap.dedent(inspect.getsource(fn))
-        for g in sorted(_global_names(fn.__code__)):
-            if g in _ENGINE_NAMES or g in sources or g not in ns:
-                continue
-            v = ns[g]
-            mod = getattr(v, "__module__", None)
-            if isinstance(v, types.ModuleType):
-                modules[g] = v.__name__
-            elif isinstance(v, types.FunctionType) and mod == "__main__":
-                todo.append(g)
-            elif callable(v) and mod and mod != "__main__" and \
-                    getattr(importlib.import_module(mod), getattr(v, "__name__", ""), None) is v:
-                froms[g] = (mod, v.__name__)
-            else:
-                try:
-                    values[g] = pickle.dumps(v)
-                except Exception:  # an unpicklable global: the function will say it is missing
-                    pass
-    return pickle.dumps({"name": name, "sources": list(reversed(sources.values())),
-                         "modules": modules, "froms": froms, "values": values})
-
-
-def engine_restore(snapshot: bytes) -> str:
-    """Rebuild a function from :func:`engine_snapshot_of` in this engine's ``%%px``
-    namespace; returns its name. Not collective."""
-    import importlib
-    import pickle
-
-    import __main__
-
-    ns = vars(__main__)
-    snap = pickle.loads(snapshot)
-    for alias, mod in snap["modules"].items():
-        ns[alias] = importlib.import_module(mod)
-    for alias, (mod, attr) in snap["froms"].items():
-        ns[alias] = getattr(importlib.import_module(mod), attr)
-    for g, blob in snap["values"].items():
-        ns[g] = pickle.loads(blob)
-    for src in snap["sources"]:
-        exec(compile(src, f"<course snapshot of {snap['name']}>", "exec"), ns)
-    return snap["name"]
 
 
 #: What the notebook's earlier cells define before the ring cell runs.
@@ -475,7 +305,8 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
     from ..cluster import lifecycle
     from ..cluster.profiles import load_profile
     from ..settings import cluster_id as default_cluster_id
-    from .process_group import init
+    from .process_group import start
+    from .px_functions import engine_restore, engine_snapshot_of
 
     try:
         cc = cluster or current()
@@ -495,7 +326,7 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
     side = lifecycle._start_new(cid, load_profile("local"), ranks, timeout)
     try:
         side.refresh_ranks()
-        init(side, backend="gloo")
+        start(side, backend="gloo")
         side.view.execute(_PREAMBLE, block=False).get(timeout=timeout)
         if snapshot is not None:
             side.run(engine_restore, snapshot, timeout=timeout)

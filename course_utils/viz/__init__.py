@@ -1,6 +1,6 @@
 """Figures of the course: pure functions of recorded arrays; none talks to a cluster.
 
-Record on the engines (``course_utils.torch_dist.record``, ``course_utils.tf_dist.record``),
+Record on the engines (``course_utils.torch_dist.record`` and ``.live_log``, ``tf_dist.record``),
 ``cluster.pull`` or ``cluster.run`` the arrays, then plot here (so figures are testable without
 engines and can be replayed in slides). Each function returns a matplotlib ``Figure`` drawn with
 the palette of :mod:`.style`. Introduced in ``01_collectives`` (``per_rank_tensors``,

@@ -75,7 +75,7 @@ def ring_trace(records: Sequence[Mapping[str, Any]], title: str = "ring all-redu
     """A grid of what each rank held and sent: row 'before', one row per message (the chunk's
     values when it was sent and to whom), row 'after'; one column per rank.
 
-    ``records`` is one dict per rank from :func:`course_utils.collectives.engine_record_ring`.
+    ``records`` is one dict per rank from :func:`course_utils.torch_dist.p2p.engine_record_ring`.
     """
     plt = _plt()
     p = len(records)

@@ -1,6 +1,6 @@
 """A live training view: one figure, updated in place while the ranks train (units 3 and 5).
 
-The engines log each step with :class:`course_utils.torch_dist.record.LiveLog`, which publishes
+The engines log each step with :class:`course_utils.torch_dist.live_log.LiveLog`, which publishes
 the rows through ipyparallel's ``datapub`` at most a few times a second; :func:`watch` polls the
 running task's ``AsyncResult.data`` from the kernel and redraws **one** figure (loss per rank,
 step time per rank, samples/s of all ranks together) at most ``max_hz`` times a second. In unit 5
@@ -188,7 +188,7 @@ def watch(ar: Any, world_size: int | None = None, title: str = "training on ever
           ) -> list[list[dict[str, float]]]:
     """Follow a running task (an ``AsyncResult`` over every rank, e.g. from
     ``cluster.view.apply_async(...)`` or ``%%px --noblock``) whose ranks log with
-    :class:`~course_utils.torch_dist.record.LiveLog`; redraw one figure while it runs, and
+    :class:`~course_utils.torch_dist.live_log.LiveLog`; redraw one figure while it runs, and
     return every rank's rows once it is done (its result rows if it returned them).
 
     Raises ``TimeoutError`` after ``timeout`` seconds (the task keeps running on the engines).

@@ -70,7 +70,7 @@ def _label(mask: int, p: int) -> str:
 
 def _blocks(row: Sequence[int], p: int) -> list[tuple[int, int, int]]:
     """Runs of equal masks inside each of the ring's ``p`` chunks: (start, stop, mask)."""
-    from ..torch_dist.collectives import chunk_bounds  # pure: no torch
+    from ..torch_dist.p2p import chunk_bounds  # pure: no torch
 
     out: list[tuple[int, int, int]] = []
     for a, b in chunk_bounds(len(row), p):

@@ -1,7 +1,7 @@
 """Watching a process group being wired by hand: what every rank claimed, what torch said.
 
 Introduced in ``00_cluster_tour``, where the learner writes the ``dist.init_process_group`` call
-that ``cu.init_torch()`` makes later, and where the original program's call (``rank=0`` on every
+that ``cu.start_torch()`` makes later, and where the original program's call (``rank=0`` on every
 host) is run for real and explained. :func:`engine_join` runs on every engine (torch imported
 there); :func:`explain_join` is a pure function of what the engines returned.
 """
@@ -113,14 +113,21 @@ def explain_join(outcomes: list[dict[str, Any]], master_addr: str, master_port: 
     facts afterwards. Two ranks claiming the same rank is named first ("two ranks claimed rank
     0"), with torch's own errors, because that is what the original program did.
     """
-    from ..checks.feedback import feedback
-
     p = len(outcomes)
     url = f"tcp://{master_addr}:{master_port}"
     checked = f"{fn_name}(...) on all {p} ranks, then the default process group on each"
     said = "; ".join(f"rank {o['rank']}: {o['error']}" for o in outcomes if o.get("error"))
     torch_said = f" What torch said: {said}." if said else ""
+    return (_claims_problem(outcomes, checked, torch_said)
+            or _call_problem(outcomes, checked, torch_said, url, timeout_s)
+            or _group_problem(outcomes, checked, said, url))
 
+
+def _claims_problem(outcomes: list[dict[str, Any]], checked: str, torch_said: str) -> str | None:
+    """Whether every rank called ``init_process_group`` once, claiming its own rank."""
+    from ..checks.feedback import feedback
+
+    p = len(outcomes)
     missing = [o["rank"] for o in outcomes if not o["claims"]]
     if missing:
         return feedback(checked, "one dist.init_process_group(...) call on every rank",
@@ -149,6 +156,16 @@ def explain_join(outcomes: list[dict[str, Any]], master_addr: str, master_port: 
                         f"the engine with rank-map rank {wrong[0][0]} claimed rank "
                         f"{wrong[0][1]['rank']}" + torch_said,
                         "pass rank=rank: the rank map already numbered the engines.")
+    return None
+
+
+def _call_problem(outcomes: list[dict[str, Any]], checked: str, torch_said: str, url: str,
+                  timeout_s: float | None) -> str | None:
+    """Whether every rank's call asked for the full world size, the master's URL and the
+    timeout it was handed."""
+    from ..checks.feedback import feedback
+
+    p = len(outcomes)
     sizes = sorted({o["claims"][-1]["world_size"] for o in outcomes})
     if sizes != [p]:
         return feedback(checked, f"world_size={p} on every rank", f"world sizes {sizes}"
@@ -166,6 +183,15 @@ def explain_join(outcomes: list[dict[str, Any]], master_addr: str, master_port: 
                             "timeout_s argument)", f"timeouts {given} (None = not given; "
                             "torch would then wait 30 minutes for a missing rank)" + torch_said,
                             "pass timeout=datetime.timedelta(seconds=timeout_s).")
+    return None
+
+
+def _group_problem(outcomes: list[dict[str, Any]], checked: str, said: str, url: str
+                   ) -> str | None:
+    """Whether the calls raised nothing and left the group asked for, one that sums."""
+    from ..checks.feedback import feedback
+
+    p = len(outcomes)
     if said:
         return feedback(checked, "no error", said, "read torch's message above.")
     groups = [o["group"] for o in outcomes]

@@ -31,25 +31,25 @@ def engine_set_debug(level: str) -> str:
 
 def set_debug(level: str = "DETAIL", cluster: CourseCluster | None = None) -> dict[str, Any]:
     """Re-create the process group on every engine with ``TORCH_DISTRIBUTED_DEBUG=level``
-    (``OFF``, ``INFO`` or ``DETAIL``). Returns :func:`course_utils.init_torch`'s summary."""
-    from .process_group import destroy, init
+    (``OFF``, ``INFO`` or ``DETAIL``). Returns :func:`course_utils.start_torch`'s summary."""
+    from .process_group import start, stop
 
     if level not in ("OFF", "INFO", "DETAIL"):
         raise ValueError(f"level={level!r}: one of OFF, INFO, DETAIL")
     cc = cluster or current()
-    destroy(cc)
+    stop(cc)
     cc.run(engine_set_debug, level, timeout=10)
-    return init(cc)
+    return start(cc)
 
 
-def fresh_group(cluster: CourseCluster | None = None) -> dict[str, Any]:
-    """Destroy the process group on every engine and create a new one. Needed after a gloo
+def restart_group(cluster: CourseCluster | None = None) -> dict[str, Any]:
+    """Stop the process group on every engine and start a new one. Needed after a gloo
     timeout: gloo closes the connection ("Application timeout caused pair closure") for good."""
-    from .process_group import destroy, init
+    from .process_group import start, stop
 
     cc = cluster or current()
-    destroy(cc)
-    return init(cc)
+    stop(cc)
+    return start(cc)
 
 
 def engine_mismatch(kind: str = "shape") -> str:
@@ -158,7 +158,7 @@ def start_elastic(ckpt_dir: str, steps: int = 12, crash_at: int = 6, nproc: int 
     """Start :mod:`course_utils.torch_dist.elastic_demo` under ``torchrun --standalone`` on this
     machine (loopback only), in the background: rank 1 crashes once at ``crash_at``, torchrun
     restarts every worker, they resume from the last checkpoint. Collect it with
-    :func:`wait_elastic`."""
+    :func:`join_elastic`."""
     os.makedirs(ckpt_dir, exist_ok=True)
     for name in ("crashed-once", "elastic.pt", "elastic.pt.tmp"):
         if os.path.exists(os.path.join(ckpt_dir, name)):
@@ -173,7 +173,7 @@ def start_elastic(ckpt_dir: str, steps: int = 12, crash_at: int = 6, nproc: int 
     return {"proc": proc, "t0": time.perf_counter(), "cmd": " ".join(cmd[2:])}
 
 
-def wait_elastic(handle: dict[str, Any], timeout: float = 150.0) -> dict[str, Any]:
+def join_elastic(handle: dict[str, Any], timeout: float = 150.0) -> dict[str, Any]:
     """Wait for :func:`start_elastic`'s torchrun; return the demo's ``[elastic]`` lines, the
     seconds since the start and torchrun's exit code. After ``timeout`` seconds it kills
     torchrun and raises :class:`CourseError`."""
