@@ -12,7 +12,7 @@ import time
 import pytest
 
 from course_utils.instructor.grading import NOTEBOOK_DIR
-from course_utils.torch_dist import drills, perf
+from course_utils.torch_dist import faults, perf
 
 
 def _scaling(one, ddp, view, nosync):
@@ -84,13 +84,13 @@ def test_shorten_fingerprint_drops_tensor_options():
            "OpType=ALLREDUCE, TensorShape=[4], TensorDtypes=Float, TensorDeviceTypes="
            "TensorOptions(dtype=float (default), device=cpu, layout=Strided (default))))"
            ", but Rank 1")
-    short = drills.shorten_fingerprint(msg)
+    short = faults.shorten_fingerprint(msg)
     assert "TensorOptions" not in short and "TensorShape=[4]" in short and short.endswith("Rank 1")
 
 
 def test_set_debug_rejects_unknown_levels():
     with pytest.raises(ValueError, match="DETAIL"):
-        drills.set_debug("VERBOSE")
+        faults.set_debug("VERBOSE")
 
 
 def test_tiny_run_resumes_exactly():
@@ -112,7 +112,7 @@ def test_join_elastic_stops_torchrun_and_its_workers_at_the_timeout(tmp_path):
 
     from course_utils.errors import CourseError
 
-    handle = drills.start_elastic(str(tmp_path / "elastic"), steps=8, crash_at=4)
+    handle = faults.start_elastic(str(tmp_path / "elastic"), steps=8, crash_at=4)
     agent = psutil.Process(handle["proc"].pid)
     deadline = time.monotonic() + 60  # until torchrun has started its workers
     while len(agent.children(recursive=True)) < 2 and time.monotonic() < deadline:
@@ -121,7 +121,7 @@ def test_join_elastic_stops_torchrun_and_its_workers_at_the_timeout(tmp_path):
     assert len(workers) >= 2, "torchrun started no workers within 60 s"
     t0 = time.monotonic()
     with pytest.raises(CourseError, match="did not finish within 0.5 s") as err:
-        drills.join_elastic(handle, timeout=0.5)
+        faults.join_elastic(handle, timeout=0.5)
     assert "Fix:" in str(err.value) and time.monotonic() - t0 < 20
     assert handle["proc"].poll() is not None
     # The workers run in sessions of their own: killing torchrun alone would leave them.

@@ -2,7 +2,7 @@
 
 Every start it resumes from ``<ckpt-dir>/elastic.pt`` if present; rank 1 crashes once at
 ``--crash-at`` (a marker file remembers that it did); rank 0 saves atomically after every step.
-Prints ``[elastic] ...`` lines that :func:`course_utils.torch_dist.drills.join_elastic` collects.
+Prints ``[elastic] ...`` lines that :func:`course_utils.torch_dist.faults.join_elastic` collects.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fault drills of ``08_hangs_and_faults``: mismatched collectives, a missing rank, a dead rank
+"""The faults of ``08_hangs_and_faults``: mismatched collectives, a missing rank, a dead rank
 and an elastic restart under ``torchrun``. Every wait is bounded.
 
 ``engine_*`` functions run on the engines (``cluster.run``) and are *collective* unless they say
@@ -130,7 +130,7 @@ def engine_train_then_die(die_rank: int = 1, die_step: int = 5, steps: int = 20)
     return f"rank {rank}: finished {steps} steps"
 
 
-def run_die_drill(cluster: CourseCluster | None = None, die_rank: int = 1, die_step: int = 5,
+def run_rank_death(cluster: CourseCluster | None = None, die_rank: int = 1, die_step: int = 5,
                   steps: int = 20, timeout: float = 30.0) -> dict[int, str]:
     """Run :func:`engine_train_then_die` on every rank and wait (at most ``timeout`` s) for the
     ranks that survive: what each of them got from gloo. The dead rank's engine never answers,
