@@ -22,9 +22,9 @@ from .spec import READY_TIMEOUT, TFServerNotAnswering, TFTimeout, inter_op_threa
 def _kernel_address(cc: CourseCluster) -> str:
     if cc.profile.is_local:
         return "127.0.0.1"
-    from ..cluster.engine import _route_addr
+    from ..cluster.engine import route_address
 
-    return _route_addr(cc.ranks.master_addr)
+    return route_address(cc.ranks.master_addr)
 
 
 
