@@ -268,6 +268,17 @@ def test_nccl_without_gpus_fails_before_touching_engines(cluster):
     assert time.perf_counter() - t0 < 1
 
 
+def test_launch_starts_a_side_cluster_that_is_never_current(cluster):
+    side = cl.launch(1, profile="local", cluster_id=f"{CID}-side")
+    try:
+        assert cu.current() is cluster and side.owned and side.world_size == 1
+        assert side.run(os.getpid) != cluster.run(os.getpid)[:1]
+    finally:
+        side.stop(kill=True)
+    assert not cl.cluster_file(f"{CID}-side").exists()
+    assert cu.current() is cluster and cluster.ping()
+
+
 def test_second_kernel_connects_without_owning(cluster):
     saved = cu.current()
     registry.forget()  # what a fresh notebook kernel sees
