@@ -208,6 +208,26 @@ def test_sbatch_script_runs_the_module_it_is_given():
         make_sbatch_script("two-hosts", module="rm -rf /")
 
 
+def test_local_engines_wait_until_the_connection_file_is_complete(tmp_path):
+    import json
+    import threading
+
+    from course_utils.cluster import ipyparallel_engine as boot
+
+    env = {"IPP_PROFILE_DIR": str(tmp_path), "IPP_CLUSTER_ID": "c1"}
+    path = tmp_path / "security" / "ipcontroller-c1-engine.json"
+    assert boot.connection_file(env) == str(path)
+    assert boot.connection_file({"IPP_PROFILE_DIR": "/p"}).endswith(
+        "/p/security/ipcontroller-engine.json")
+    path.parent.mkdir()
+    path.write_text("")  # what the controller leaves between creating and writing the file
+    assert not boot.wait_for_connection_file(str(path), timeout=0.2)
+    threading.Timer(0.3, lambda: path.write_text(json.dumps({"key": "k"}))).start()
+    t0 = time.monotonic()
+    assert boot.wait_for_connection_file(str(path), timeout=10)
+    assert 0.25 < time.monotonic() - t0 < 5
+
+
 def test_settings_read_environment(monkeypatch):
     monkeypatch.setenv("COURSE_ENGINES", "3")
     assert settings.default_engines() == 3

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import sys
 import time
 from typing import Any
 
@@ -26,6 +27,8 @@ from .sharing import adopt_recorded_engines
 
 HEARTBEAT_MS = 500
 HEARTBEAT_MISSES = 20
+#: The module local engines run (see its docstring).
+ENGINE_MODULE = "course_utils.cluster.ipyparallel_engine"
 
 
 def cluster_kwargs(prof: ClusterProfile) -> dict[str, Any]:
@@ -73,6 +76,16 @@ def new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
         **cluster_kwargs(prof),
     )
     cmd = prof.engine_cmd()
+    if prof.is_local:
+        # Engines start with the controller, not after it: each waits for the connection
+        # file itself (see ipyparallel_engine.py; ipyparallel would first wait for the
+        # controller, then pass the connection info in the environment).
+        cl.send_engines_connection_env = False
+        cl.config.LocalEngineSetLauncher.delay = 0  # no 0.1 s pause between engines
+        # Such an engine asks to register the moment the file is written, before the
+        # controller answers; ipyparallel's 5 s for the answer is short on a loaded machine.
+        cl.config.LocalEngineSetLauncher.engine_args = ["--IPEngine.timeout=30"]
+        cmd = [*(cmd[:1] if cmd else [sys.executable]), "-m", ENGINE_MODULE]
     if cmd:
         cl.config.LocalEngineLauncher.engine_cmd = cmd
         cl.config.LocalEngineSetLauncher.engine_cmd = cmd
