@@ -226,6 +226,10 @@ def test_local_engines_wait_until_the_connection_file_is_complete(tmp_path):
     t0 = time.monotonic()
     assert boot.wait_for_connection_file(str(path), timeout=10)
     assert 0.25 < time.monotonic() - t0 < 5
+    boot.preload(["colorsys", "no_such_module_here"])  # a missing one is skipped
+    import sys
+
+    assert "colorsys" in sys.modules
 
 
 def test_settings_read_environment(monkeypatch):

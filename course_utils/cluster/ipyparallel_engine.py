@@ -50,9 +50,10 @@ def wait_for_connection_file(path: str, timeout: float = WAIT_S) -> bool:
         time.sleep(0.02)
 
 
-def _preload(names: list[str]) -> None:
+def preload(names: list[str]) -> None:
+    """Import each of ``names``; one that fails is skipped (the code that needs it says so)."""
     for name in names:
-        with contextlib.suppress(Exception):  # the engine reports it when the code needs it
+        with contextlib.suppress(Exception):
             importlib.import_module(name)
 
 
@@ -60,7 +61,7 @@ def main() -> None:
     names = [n.strip() for n in os.environ.get("COURSE_ENGINE_PRELOAD", "").split(",")
              if n.strip()]
     if names:
-        threading.Thread(target=_preload, args=(names,), name="course-preload",
+        threading.Thread(target=preload, args=(names,), name="course-preload",
                          daemon=True).start()
     # Imported while the controller starts: the engine needs both anyway.
     from ipyparallel.engine.app import main as engine_main
