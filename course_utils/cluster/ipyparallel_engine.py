@@ -24,9 +24,7 @@ import os
 import threading
 import time
 
-#: Engines give up waiting for the connection file after this many seconds (then
-#: ipyparallel's engine reports the missing file itself).
-WAIT_S = float(os.environ.get("COURSE_START_TIMEOUT") or 120)
+from .. import settings
 
 
 def connection_file(environ: dict[str, str] | None = None) -> str:
@@ -38,7 +36,7 @@ def connection_file(environ: dict[str, str] | None = None) -> str:
     return os.path.join(env.get("IPP_PROFILE_DIR", ""), "security", name)
 
 
-def wait_for_connection_file(path: str, timeout: float = WAIT_S) -> bool:
+def wait_for_connection_file(path: str, timeout: float) -> bool:
     """True once ``path`` holds complete JSON; False after ``timeout`` s."""
     deadline = time.monotonic() + timeout
     while True:
@@ -69,7 +67,8 @@ def main() -> None:
     from . import engine  # noqa: F401
 
     if "IPP_CONNECTION_INFO" not in os.environ:
-        wait_for_connection_file(connection_file())
+        # After $COURSE_START_TIMEOUT the engine goes on: ipyparallel reports the missing file.
+        wait_for_connection_file(connection_file(), settings.start_timeout())
     engine_main()
 
 
