@@ -16,6 +16,7 @@ import pytest
 import course_utils as cu
 from course_utils import torch_dist
 from course_utils.cluster import lifecycle as cl
+from course_utils.cluster import registry
 from course_utils.cluster.engine import getenv
 from course_utils.errors import (
     BackendUnavailable,
@@ -247,7 +248,7 @@ def test_world_size_mismatch_is_clear(cluster):
     with pytest.raises(WorldSizeMismatch, match="world_size=3 was asked but the cluster has 2"):
         torch_dist.start(cluster, world_size=3)
     with pytest.raises(WorldSizeMismatch, match="has 2 engines, n=3"):
-        cu.start(n=3, cluster_id=CID) if not cluster.owned else cl._connect_existing(
+        cu.start(n=3, cluster_id=CID) if not cluster.owned else cl.connect_existing(
             CID, cluster.profile, 3, 5)
 
 
@@ -267,9 +268,20 @@ def test_nccl_without_gpus_fails_before_touching_engines(cluster):
     assert time.perf_counter() - t0 < 1
 
 
+def test_launch_starts_a_side_cluster_that_is_never_current(cluster):
+    side = cl.launch(1, profile="local", cluster_id=f"{CID}-side")
+    try:
+        assert cu.current() is cluster and side.owned and side.world_size == 1
+        assert side.run(os.getpid) != cluster.run(os.getpid)[:1]
+    finally:
+        side.stop(kill=True)
+    assert not cl.cluster_file(f"{CID}-side").exists()
+    assert cu.current() is cluster and cluster.ping()
+
+
 def test_second_kernel_connects_without_owning(cluster):
-    saved = cl._current
-    cl._current = None  # what a fresh notebook kernel sees
+    saved = cu.current()
+    registry.forget()  # what a fresh notebook kernel sees
     try:
         t0 = time.perf_counter()
         other = cu.start(cluster_id=CID)
@@ -279,7 +291,7 @@ def test_second_kernel_connects_without_owning(cluster):
         other.stop()  # a non-owner only disconnects
         assert all(alive(r.pid) for r in cluster.ranks)
     finally:
-        cl._current = saved
+        registry.make_current(saved)
     assert cluster.ping()
 
 
@@ -289,8 +301,8 @@ def test_owner_follows_engines_another_kernel_replaced(cluster):
     rank map saved beside the cluster file); it used to take its cluster for dead, and its
     next cu.start() stopped it, the other kernel's engines with it."""
     old = [r.pid for r in cluster.ranks]
-    saved = cl._current
-    cl._current = None  # a second notebook kernel
+    saved = cu.current()
+    registry.forget()  # a second notebook kernel
     try:
         other = cu.start(cluster_id=CID)
         assert not other.owned
@@ -298,7 +310,7 @@ def test_owner_follows_engines_another_kernel_replaced(cluster):
         new = [r.pid for r in other.ranks]
         other.stop()  # disconnects only
     finally:
-        cl._current = saved
+        registry.make_current(saved)
     assert not set(old) & set(new)
     assert cluster.ping() and cluster.alive()
     assert [r.pid for r in cluster.ranks] == new

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from course_utils import settings
-from course_utils.cluster import engine, exposure, failures, lifecycle
+from course_utils.cluster import engine, exposure, failures, sharing
 from course_utils.cluster.failures import Failure
 from course_utils.errors import CollectiveMismatch, EngineError, ProcessGroupGone
 from course_utils.torch_dist import messages
@@ -160,10 +160,10 @@ def test_loopback_addresses():
 
 
 def test_busy_line_says_queue_and_how_long():
-    line = lifecycle.busy_line({0: {"since": 14.2}, 1: {"since": 3.0}})
+    line = sharing.busy_line({0: {"since": 14.2}, 1: {"since": 3.0}})
     assert line == ("cu: connected; engines [0, 1] are running for 14 s with another "
                     "notebook's cell: cells you run here queue behind it")
-    assert "are busy with" in lifecycle.busy_line({0: {"since": None}})
+    assert "are busy with" in sharing.busy_line({0: {"since": None}})
 
 
 def test_data_dir_prefers_the_checkout_then_the_installed_copy(tmp_path, monkeypatch):

@@ -65,17 +65,17 @@ def test_collapse_cr_is_what_a_terminal_shows():
 
 
 def test_labels_name_the_rank_of_each_engine(monkeypatch):
-    from course_utils.cluster import lifecycle
+    from course_utils.cluster import registry
 
     assert pxoutput.rank_label("stdout", 3, None) == "[stdout:3]"
-    monkeypatch.setattr(lifecycle, "_current", SimpleNamespace(rank_map=rank_map([3, 2])))
+    monkeypatch.setattr(registry, "_current", SimpleNamespace(rank_map=rank_map([3, 2])))
     assert pxoutput.rank_of_engine(2) == 1 and pxoutput.rank_of_engine(9) is None
     assert pxoutput.relabel("[stdout:2] hello\n") == "[rank 1, engine 2] hello\n"
     assert pxoutput.relabel("[stderr:3] w\rwarn") == "[rank 0, engine 3, stderr] warn"
     assert pxoutput.relabel("[output:3]") == "[rank 0, engine 3, output]"
     assert pxoutput.relabel("[stdout:9] x") == "[stdout:9] x"  # not in the rank map
     assert pxoutput.relabel("plain\rtext") == "textn"  # a terminal's overwrite
-    monkeypatch.setattr(lifecycle, "_current", None)
+    monkeypatch.setattr(registry, "_current", None)
     assert pxoutput.relabel("[stdout:2] hi") == "[stdout:2] hi"
 
 
@@ -85,10 +85,11 @@ def test_install_wraps_ipyparallels_display_once():
         seen = []
         ar.publish_display_data = lambda data, *a, **k: seen.append(data["text/plain"])
         ar._raw_text = lambda s: seen.append(s)
-        from course_utils.cluster import pxoutput, lifecycle
+        from course_utils.cluster import pxoutput, registry
         from types import SimpleNamespace
         ranks = {5: SimpleNamespace(rank=0), 4: SimpleNamespace(rank=1)}
-        lifecycle._current = SimpleNamespace(rank_map=SimpleNamespace(by_engine=ranks.__getitem__))
+        by_engine = SimpleNamespace(by_engine=ranks.__getitem__)
+        registry.make_current(SimpleNamespace(rank_map=by_engine))
         assert pxoutput.install() and pxoutput.install()
         wrapped = ar.publish_display_data
         assert pxoutput.install() and ar.publish_display_data is wrapped   # idempotent

@@ -11,6 +11,7 @@ import pytest
 
 from course_utils import settings
 from course_utils.cluster import ports
+from course_utils.cluster.launching import cluster_kwargs
 from course_utils.cluster.profiles import ClusterProfile, load_profile, profile_from_dict
 from course_utils.cluster.ranks import build_rank_map
 from course_utils.errors import BackendUnavailable, CourseError, ProfileError
@@ -142,7 +143,7 @@ def test_local_profile_defaults(monkeypatch):
     assert prof.is_local and prof.engine_count(3) == 3 and prof.engine_cmd() is None
     env = prof.engine_env(2, threads=1)
     assert env["OMP_NUM_THREADS"] == "1" and "GLOO_SOCKET_IFNAME" not in env
-    assert prof.cluster_kwargs()["engines"] == "local"
+    assert cluster_kwargs(prof)["engines"] == "local"
 
 
 def test_two_host_example_profile_parses():
@@ -151,7 +152,7 @@ def test_two_host_example_profile_parses():
     assert prof.engine_count(None) == sum(h.engines for h in prof.hosts)
     env = prof.engine_env(4, threads=8)
     assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == prof.socket_ifname
-    kw = prof.cluster_kwargs()
+    kw = cluster_kwargs(prof)
     assert kw["engines"].__name__ == "CourseSSHEngineSetLauncher"
     assert kw["controller_ip"] == kw["controller_location"] == prof.controller_ip
     engines = kw["config"].SSHEngineSetLauncher.engines
@@ -190,6 +191,47 @@ def test_profile_object_passes_through():
 
 
 # ---- settings ------------------------------------------------------------------------------------
+def test_sbatch_script_runs_the_module_it_is_given():
+    from course_utils.cluster.slurm_script import (
+        SCRIPT_MODULE,
+        check_sbatch_script,
+        make_sbatch_script,
+    )
+
+    default = make_sbatch_script("two-hosts")
+    assert check_sbatch_script(default).ok and f"-m {SCRIPT_MODULE} " in default
+    mine = make_sbatch_script("two-hosts", module="my_pkg.train", script_args=["--lr", "0.1"])
+    assert check_sbatch_script(mine, module="my_pkg.train").ok
+    assert "-m my_pkg.train --lr 0.1" in mine and "# python -m my_pkg.train on 2 node" in mine
+    assert not check_sbatch_script(mine).ok  # the default check still expects unit 3's script
+    with pytest.raises(ValueError, match="module"):
+        make_sbatch_script("two-hosts", module="rm -rf /")
+
+
+def test_local_engines_wait_until_the_connection_file_is_complete(tmp_path):
+    import json
+    import threading
+
+    from course_utils.cluster import ipyparallel_engine as boot
+
+    env = {"IPP_PROFILE_DIR": str(tmp_path), "IPP_CLUSTER_ID": "c1"}
+    path = tmp_path / "security" / "ipcontroller-c1-engine.json"
+    assert boot.connection_file(env) == str(path)
+    assert boot.connection_file({"IPP_PROFILE_DIR": "/p"}).endswith(
+        "/p/security/ipcontroller-engine.json")
+    path.parent.mkdir()
+    path.write_text("")  # what the controller leaves between creating and writing the file
+    assert not boot.wait_for_connection_file(str(path), timeout=0.2)
+    threading.Timer(0.3, lambda: path.write_text(json.dumps({"key": "k"}))).start()
+    t0 = time.monotonic()
+    assert boot.wait_for_connection_file(str(path), timeout=10)
+    assert 0.25 < time.monotonic() - t0 < 5
+    boot.preload(["colorsys", "no_such_module_here"])  # a missing one is skipped
+    import sys
+
+    assert "colorsys" in sys.modules
+
+
 def test_settings_read_environment(monkeypatch):
     monkeypatch.setenv("COURSE_ENGINES", "3")
     assert settings.default_engines() == 3

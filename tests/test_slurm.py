@@ -26,6 +26,7 @@ from rigs.slurm import SlurmRig, wait_until
 import course_utils as cu
 from course_utils import cli
 from course_utils.cluster import engine, lifecycle, ports, slurm
+from course_utils.cluster.launching import cluster_kwargs
 from course_utils.cluster.profiles import (
     ClusterProfile,
     SlurmSpec,
@@ -59,7 +60,7 @@ def test_example_slurm_profile_parses_into_the_jobs_request():
     assert (spec.partition, spec.time, spec.cpus_per_engine, spec.gpus_per_engine,
             spec.account, spec.nodes) == ("gpu", "01:00:00", 8, 1, "course", 2)
     assert prof.engine_env(4, threads=99)["OMP_NUM_THREADS"] == "8"  # the job's CPUs per task
-    kw = prof.cluster_kwargs()
+    kw = cluster_kwargs(prof)
     assert kw["engines"] is slurm.SlurmEngines
     assert kw["controller_ip"] == kw["controller_location"] == prof.controller_ip
     script = kw["config"].SlurmEngines.batch_template
@@ -120,7 +121,7 @@ def test_launcher_writes_its_batch_script_into_the_profile_dir(tmp_path, monkeyp
     pdir.mkdir()
     prof = profile_from_dict(slurm_profile(partition="debug", cpus_per_engine=2), name="t")
     launcher = slurm.SlurmEngines(profile_dir=str(pdir), cluster_id="c1",
-                                  config=prof.cluster_kwargs()["config"])
+                                  config=cluster_kwargs(prof)["config"])
     launcher.write_batch_script(3)
     script = pdir / "slurm_engine-c1.sbatch"
     assert launcher.batch_file == str(script) == str(slurm.batch_file(pdir, "c1"))

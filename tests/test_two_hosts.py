@@ -31,6 +31,7 @@ import course_utils as cu
 from course_utils import settings
 from course_utils.checks import hosts as probes
 from course_utils.cluster import engine, profiles
+from course_utils.cluster.launching import cluster_kwargs
 from course_utils.cluster.profiles import load_profile, profile_from_dict, write_profile
 from course_utils.cluster.ranks import build_rank_map, host_key
 from course_utils.cluster.slurm_script import (
@@ -93,7 +94,7 @@ def test_pin_gpu_sets_the_variable_once_and_keeps_the_host_count(monkeypatch):
     monkeypatch.setenv(engine.ENV_ALL_GPUS, "")
     monkeypatch.setattr(engine, "_cuda_touched", lambda: False)
     assert engine.pin_gpu(1, 2) == "4"
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4" and engine._gpu_count() == 2
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4" and engine.gpu_count() == 2
     assert engine.pin_gpu(1, 2) == "4"  # a second install (a kernel re-connecting): the same
     monkeypatch.setattr(engine, "_cuda_touched", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
@@ -122,7 +123,7 @@ def test_ssh_profile_fields(tmp_path):
     assert a["remote_profile_dir"] != b["remote_profile_dir"]  # shared file system
     assert a["environment"] == {"X": "1", "COURSE_NODE": "gpu-a", "COURSE_NODE_RANK": "0"}
     assert b["environment"]["COURSE_NODE"] == "admin@gpu-b" and "remote_python" not in b
-    kw = prof.cluster_kwargs()
+    kw = cluster_kwargs(prof)
     assert kw["controller_ip"] == "10.1.2.1"  # listens there only, not on 0.0.0.0
     assert prof.shared_paths == ("/data",) and prof.slurm is None
     for bad in ("127.0.0.1", "0.0.0.0", "gpu-a"):
@@ -199,8 +200,8 @@ def test_ranks_sharing_one_stdout_never_interleave_their_json_lines():
 
 
 def test_launcher_kill_script_terms_waits_then_kills(tmp_path):
-    from course_utils.cluster.lifecycle import _remote_profile_base
     from course_utils.cluster.ssh_launcher import CourseSSHEngineSetLauncher as L
+    from course_utils.cluster.ssh_launcher import remote_profile_base
 
     class El:  # what the scripts read from a launcher
         def __init__(self, pid, out):
@@ -218,8 +219,8 @@ def test_launcher_kill_script_terms_waits_then_kills(tmp_path):
     assert 0.9 < time.monotonic() - t0 < 10
     assert "engine a said hi" in out and not (tmp_path / "a.out").exists()
     home = os.path.expanduser("~")
-    assert _remote_profile_base(f"{home}/.ipython/profile_course") == ".ipython/profile_course"
-    assert _remote_profile_base("/tmp/ip/profile_course") == "/tmp/ip/profile_course"
+    assert remote_profile_base(f"{home}/.ipython/profile_course") == ".ipython/profile_course"
+    assert remote_profile_base("/tmp/ip/profile_course") == "/tmp/ip/profile_course"
 
 
 def test_launcher_kill_script_signals_only_this_clusters_engines():

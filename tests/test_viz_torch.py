@@ -69,10 +69,7 @@ def cc():
     cu.start_torch(cluster)
     cluster.view.execute(REFERENCE_RING + ALL_REDUCE_OF_RING_INPUT, block=True)
     yield cluster
-    from course_utils.cluster import lifecycle
-
-    lifecycle._stop_engines(cluster.cluster, kill=True)  # nothing to save: no 2 s SIGTERM wait
-    cluster.stop(force=True)
+    cluster.stop(force=True, kill=True)  # nothing to save: no 2 s SIGTERM wait
 
 
 def test_ring_replay_last_frame_is_dist_all_reduce_on_every_rank(cc):

@@ -13,6 +13,8 @@ import socket
 import tempfile
 from typing import Any
 
+from ..procs import pid_alive
+
 #: What the last :func:`install` told this engine (rank, world size, ...).
 STATE: dict[str, Any] = {}
 
@@ -80,7 +82,7 @@ def pin_gpu(local_rank: int, local_world_size: int) -> str | None:
     return value
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     """GPUs on this host (before :func:`pin_gpu` narrowed this engine to one)."""
     pinned = os.environ.get(ENV_ALL_GPUS)
     if pinned:
@@ -95,7 +97,7 @@ def _gpu_count() -> int:
         return 0
 
 
-def _route_addr(towards: str) -> str:
+def route_address(towards: str) -> str:
     """The local address this host uses to reach ``towards`` (no packet is sent)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
@@ -135,9 +137,9 @@ def describe(controller_addr: str = "127.0.0.1") -> dict[str, Any]:
     engine started by Slurm, what Slurm says (``"slurm"``: see :func:`slurm_facts`)."""
     info = {
         "host": socket.gethostname(),
-        "addr": _route_addr(controller_addr),
+        "addr": route_address(controller_addr),
         "pid": os.getpid(),
-        "gpus": _gpu_count(),
+        "gpus": gpu_count(),
         "cpus": os.cpu_count() or 1,
         # The profile's host entry, set per host by the SSH launcher (profiles.ENV_NODE):
         # tells apart hosts that share a host name.
@@ -200,13 +202,12 @@ def remove_stale_stack_files() -> int:
     for path in glob.glob(pattern):
         try:
             pid = int(path.rsplit("-", 1)[1].split(".")[0])
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        except ValueError:
+            continue
+        if not pid_alive(pid):
             with contextlib.suppress(OSError):
                 os.unlink(path)
                 removed += 1
-        except (ValueError, PermissionError):
-            continue
     return removed
 
 

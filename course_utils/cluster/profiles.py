@@ -110,12 +110,6 @@ class ClusterProfile:
     def host_order(self) -> list[str]:
         return [h.host for h in self.hosts]
 
-    def host_spec(self, host: str) -> HostSpec:
-        for h in self.hosts:
-            if h.host == host:
-                return h
-        raise KeyError(f"profile {self.name!r} has no host {host!r}")
-
     def engine_count(self, n: int | None) -> int | None:
         """Engines to start: the profile's own count wins over ``n`` for multi-host profiles."""
         if self.hosts:
@@ -187,35 +181,6 @@ class ClusterProfile:
             "ssh_args": self.ssh_options(),
             "scp_args": self.ssh_options(),
         }
-
-    def cluster_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``ipyparallel.Cluster`` that select the launchers.
-
-        The controller listens on ``controller_ip`` only: loopback for the local profile,
-        the shared link's address for SSH hosts (never every interface).
-        """
-        if self.launcher == "local":
-            kw: dict[str, Any] = {"engines": "local", "controller_ip": "127.0.0.1"}
-        elif self.launcher == "ssh":
-            from traitlets.config import Config
-
-            cfg = Config()
-            for key, value in self.ssh_launcher_settings({}, ".ipython/profile_course").items():
-                setattr(cfg.SSHEngineSetLauncher, key, value)
-            from .ssh_launcher import CourseSSHEngineSetLauncher
-
-            kw = {
-                # ipyparallel's SSH launcher, starting the hosts in parallel (ssh_launcher.py)
-                "engines": CourseSSHEngineSetLauncher,
-                "controller_ip": self.controller_ip,
-                "controller_location": self.controller_ip or "",
-                "config": cfg,
-            }
-        else:  # slurm: the controller stays here, the engines are one Slurm job
-            from .slurm import cluster_kwargs
-
-            kw = cluster_kwargs(self)
-        return kw
 
     def engine_cmd(self) -> list[str] | None:
         if self.engine_python:

@@ -30,6 +30,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from . import registry
+
 #: Seconds a finished ``%%px`` cell waits for the engines' last output messages.
 OUTPUT_GRACE = 5.0
 _LABEL_RE = re.compile(r"^\[(stdout|stderr|output):(\d+)\]")
@@ -55,9 +57,7 @@ def collapse_cr(text: str) -> str:
 
 def rank_of_engine(engine_id: int) -> int | None:
     """The rank of ``engine_id`` in this kernel's cluster, or None when it is not known."""
-    from . import lifecycle
-
-    cc = lifecycle._current
+    cc = registry.current_or_none()
     if cc is None or cc.rank_map is None:
         return None
     try:

@@ -66,6 +66,9 @@ class RankMap:
                 return info
         raise KeyError(f"engine {engine_id} is not in the rank map")
 
+    def has_engine(self, engine_id: int) -> bool:
+        return any(info.engine_id == engine_id for info in self.ranks)
+
     def __getitem__(self, rank: int) -> RankInfo:
         return self.ranks[rank]
 

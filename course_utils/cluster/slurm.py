@@ -348,7 +348,7 @@ def _slurm_engine_sets(cl: ipp.Cluster) -> list[SlurmEngines]:
 
 def engines_problem(cl: ipp.Cluster, registered: int, n: int, timed_out: bool
                     ) -> SlurmJobError | None:
-    """Hook of the wait for engines (cluster/lifecycle.py): the error to raise for a Slurm job
+    """Hook of the wait for engines (cluster/launching.py): the error to raise for a Slurm job
     stuck in the queue or ended, None to keep waiting (and for clusters without Slurm).
 
     Looks at each job at most every :data:`POLL_S` seconds, and always once timed out.

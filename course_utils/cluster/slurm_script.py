@@ -1,8 +1,8 @@
 """From notebook to batch job: the ``torchrun`` line and a Slurm batch script, from a profile.
 
-Introduced in ``06_two_hosts``. The training code is unit 3's, packaged as
-``python -m course_utils.torch_dist.ddp_script``; what changes between a laptop, two SSH hosts
-and a Slurm cluster is only who starts the processes:
+Introduced in ``06_two_hosts``. The training code is unit 3's by default, packaged as
+``python -m course_utils.torch_dist.ddp_script`` (``module=`` runs another); what changes
+between a laptop, two SSH hosts and a Slurm cluster is only who starts the processes:
 
 * :func:`torchrun_args`: one ``torchrun`` per host (multi-node flags, c10d rendezvous);
 * :func:`make_sbatch_script`: an ``sbatch`` script whose ``srun`` starts that same ``torchrun``
@@ -75,9 +75,106 @@ def _venv_tool(python: str, tool: str) -> str:
     return str(p.parent / tool) if p.is_absolute() else tool
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What the batch script asks for, the profile's defaults and the overrides resolved."""
+
+    nodes: int
+    nproc: int
+    python: str
+    cpus: int | None
+    time: str
+    resources: tuple[str, ...]  # CPUs, GPUs, partition, account
+    extra: tuple[str, ...]      # the profile's qos and options, the caller's extra_sbatch
+
+
+def _job(prof: ClusterProfile, nodes: int | None, nproc_per_node: int | None,
+         gpus_per_node: int | None, cpus_per_task: int | None, time_limit: str | None,
+         partition: str | None, account: str | None, python: str | None,
+         extra_sbatch: Sequence[str]) -> _Job:
+    spec = prof.slurm
+    if nodes is None:
+        nodes = len(prof.hosts) if prof.hosts else (spec.nodes if spec and spec.nodes else 1)
+    if nproc_per_node is not None:
+        nproc = nproc_per_node
+    elif prof.hosts:
+        nproc = max(h.engines for h in prof.hosts)
+    elif prof.launcher == "slurm" and prof.engines and isinstance(nodes, int) and nodes > 0:
+        nproc = -(-prof.engines // nodes)
+    else:
+        nproc = prof.engines or 2
+    for name, value in (("nodes", nodes), ("nproc_per_node", nproc)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    python = python or next((h.python for h in prof.hosts if h.python), None) \
+        or prof.engine_python or sys.executable
+    if gpus_per_node is None and spec and spec.gpus_per_engine:
+        gpus_per_node = spec.gpus_per_engine * nproc
+    if not cpus_per_task and spec and spec.cpus_per_engine:
+        cpus_per_task = spec.cpus_per_engine * nproc
+    sb = []
+    partition = partition or (spec.partition if spec else None)
+    account = account or (spec.account if spec else None)
+    if cpus_per_task:
+        sb.append(f"--cpus-per-task={int(cpus_per_task)}")
+    if gpus_per_node:
+        sb.append(f"--gpus-per-node={int(gpus_per_node)}")
+    if partition:
+        sb.append(f"--partition={partition}")
+    if account:
+        sb.append(f"--account={account}")
+    extra = list(extra_sbatch)
+    if spec and spec.qos:
+        extra = [f"--qos={spec.qos}", *extra]
+    if spec and spec.options:
+        extra = [*extra, *spec.options]
+    return _Job(nodes, nproc, python, cpus_per_task,
+                time_limit or (spec.time if spec else None) or "00:15:00", tuple(sb), tuple(extra))
+
+
+def _job_env(prof: ClusterProfile, job: _Job) -> dict[str, str]:
+    """The profile's environment, its interface names, and a thread budget per process."""
+    env = {k: str(v) for k, v in prof.env.items()}
+    if prof.socket_ifname:
+        env.setdefault("GLOO_SOCKET_IFNAME", prof.socket_ifname)
+        env.setdefault("NCCL_SOCKET_IFNAME", prof.socket_ifname)
+    threads = max(1, int(job.cpus) // job.nproc) if job.cpus else 1
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    env.setdefault("COURSE_THREADS", str(threads))
+    return env
+
+
+def _run_lines(job: _Job, module: str, script_args: Sequence[str], rdzv_port: int | None,
+               rdzv_host: str | None) -> list[str]:
+    """Rendezvous host and port, then the one ``srun`` line that starts torchrun per node."""
+    torchrun = _venv_tool(job.python, "torchrun")
+    port = "$RDZV_PORT" if rdzv_port is None else str(int(rdzv_port))
+    endpoint = f"{rdzv_host or '$HEAD_NODE'}:{port}"
+    run = torchrun_args(job.nodes, job.nproc, endpoint, rdzv_id="$SLURM_JOB_ID",
+                        torchrun=torchrun, module=module, script_args=script_args)
+    # $VARIABLES must expand in the script: quote everything else.
+    run_line = " ".join(a if "$" in a else shlex.quote(a) for a in run)
+    for var in ("HEAD_NODE", "RDZV_PORT", "SLURM_JOB_ID"):
+        run_line = re.sub(rf"([=:])\${var}\b", rf'\1"${var}"', run_line)
+    if rdzv_port is None:
+        port_lines = ["# ... on a port free there now (the batch script runs on that node):",
+                      "# a fixed port clashes with another job's rendezvous on the same node.",
+                      f"RDZV_PORT=$({_FREE_PORT.format(python=shlex.quote(job.python))})"]
+    else:
+        port_lines = [f"RDZV_PORT={int(rdzv_port)}"]
+    return ["# The c10d rendezvous store listens on the first node of the allocation ...",
+            'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+            *port_lines,
+            'echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES node(s) ($SLURM_JOB_NODELIST)'
+            f' x {job.nproc} process(es), rendezvous on $HEAD_NODE:$RDZV_PORT"',
+            "# One task per node; each runs one torchrun, which starts the training processes.",
+            f"srun --nodes={job.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {run_line}"]
+
+
 def make_sbatch_script(
     profile: ClusterProfile | str | None = None,
     *,
+    module: str = SCRIPT_MODULE,
     nodes: int | None = None,
     nproc_per_node: int | None = None,
     gpus_per_node: int | None = None,
@@ -94,107 +191,44 @@ def make_sbatch_script(
     workdir: str | None = None,
     extra_sbatch: Sequence[str] = (),
 ) -> str:
-    """A Slurm batch script that runs unit 3's training with ``srun`` + ``torchrun``.
+    """A Slurm batch script that runs ``python -m module`` with ``srun`` + ``torchrun``.
 
-    Defaults come from ``profile`` (a :class:`ClusterProfile`, a profile name or path, or the
-    local profile): nodes = its hosts (a slurm profile: ``[slurm] nodes``), processes per node =
-    its engines per host (a slurm profile: engines / nodes), the engine interpreter (its
-    ``torchrun`` is the one next to it), ``socket_ifname`` exported as
+    ``module`` defaults to unit 3's training (:data:`SCRIPT_MODULE`); any module that reads
+    torchrun's environment (``RANK``, ``WORLD_SIZE``, ...) works. ``script_args`` are its
+    arguments. Defaults come from ``profile`` (a :class:`ClusterProfile`, a profile name or
+    path, or the local profile): nodes = its hosts (a slurm profile: ``[slurm] nodes``),
+    processes per node = its engines per host (a slurm profile: engines / nodes), the engine
+    interpreter (its ``torchrun`` is the one next to it), ``socket_ifname`` exported as
     ``GLOO_SOCKET_IFNAME``/``NCCL_SOCKET_IFNAME``, its ``env`` table, and a slurm profile's
     ``partition``, ``account``, ``qos``, ``time``, ``options`` and per-engine CPUs/GPUs (times
     the processes per node). Keyword arguments override them. One ``srun`` task per node
-    starts one ``torchrun``, which starts ``nproc_per_node`` training processes; the c10d
-    rendezvous store listens on the first node of the allocation (``rdzv_host`` overrides it),
-    on a port the batch script finds free there (``rdzv_port`` fixes one: two jobs sharing a
-    node must not use the same). ``output``: the job's log, relative to the directory
-    ``sbatch`` runs in; every rank writes its JSON line there.
+    starts one ``torchrun``, which starts ``nproc_per_node`` processes; the c10d rendezvous
+    store listens on the first node of the allocation (``rdzv_host`` overrides it), on a port
+    the batch script finds free there (``rdzv_port`` fixes one: two jobs sharing a node must
+    not use the same). ``output``: the job's log, relative to the directory ``sbatch`` runs
+    in; every rank writes its JSON line there.
     """
     prof = load_profile(profile) if not isinstance(profile, ClusterProfile) else profile
-    spec = prof.slurm
-    if nodes is None:
-        nodes = len(prof.hosts) if prof.hosts else (spec.nodes if spec and spec.nodes else 1)
-    if nproc_per_node is not None:
-        nproc = nproc_per_node
-    elif prof.hosts:
-        nproc = max(h.engines for h in prof.hosts)
-    elif prof.launcher == "slurm" and prof.engines and isinstance(nodes, int) and nodes > 0:
-        nproc = -(-prof.engines // nodes)
-    else:
-        nproc = prof.engines or 2
-    python = python or next((h.python for h in prof.hosts if h.python), None) \
-        or prof.engine_python or sys.executable
-    if gpus_per_node is not None:
-        gpus = gpus_per_node
-    else:
-        gpus = spec.gpus_per_engine * nproc if spec and spec.gpus_per_engine else None
-    cpus = cpus_per_task or (spec.cpus_per_engine * nproc if spec and spec.cpus_per_engine
-                             else None)
-    time_limit = time_limit or (spec.time if spec else None) or "00:15:00"
-    partition = partition or (spec.partition if spec else None)
-    account = account or (spec.account if spec else None)
-    if spec and spec.qos:
-        extra_sbatch = [f"--qos={spec.qos}", *extra_sbatch]
-    if spec and spec.options:
-        extra_sbatch = [*extra_sbatch, *spec.options]
-    for name, value in (("nodes", nodes), ("nproc_per_node", nproc)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be a positive integer")
+    job = _job(prof, nodes, nproc_per_node, gpus_per_node, cpus_per_task, time_limit,
+               partition, account, python, extra_sbatch)
     if not re.fullmatch(r"[\w.+-]+", job_name):
         raise ValueError(f"job_name {job_name!r}: use letters, digits, . _ + -")
-
-    sb = [f"--job-name={job_name}", f"--nodes={nodes}", "--ntasks-per-node=1",
-          f"--time={time_limit}", f"--output={output}"]
-    if cpus:
-        sb.append(f"--cpus-per-task={int(cpus)}")
-    if gpus:
-        sb.append(f"--gpus-per-node={int(gpus)}")
-    if partition:
-        sb.append(f"--partition={partition}")
-    if account:
-        sb.append(f"--account={account}")
-    if workdir:
-        sb.append(f"--chdir={workdir}")
-    sb += list(extra_sbatch)
-
-    env = dict(prof.env)
-    if prof.socket_ifname:
-        env.setdefault("GLOO_SOCKET_IFNAME", prof.socket_ifname)
-        env.setdefault("NCCL_SOCKET_IFNAME", prof.socket_ifname)
-    threads = max(1, int(cpus) // nproc) if cpus else 1
-    env.setdefault("OMP_NUM_THREADS", str(threads))
-    env.setdefault("COURSE_THREADS", str(threads))
-
-    torchrun = _venv_tool(python, "torchrun")
-    port = "$RDZV_PORT" if rdzv_port is None else str(int(rdzv_port))
-    endpoint = f"{rdzv_host or '$HEAD_NODE'}:{port}"
-    run = torchrun_args(nodes, nproc, endpoint, rdzv_id="$SLURM_JOB_ID", torchrun=torchrun,
-                        script_args=script_args)
-    # $VARIABLES must expand in the script: quote everything else.
-    run_line = " ".join(a if "$" in a else shlex.quote(a) for a in run)
-    for var in ("HEAD_NODE", "RDZV_PORT", "SLURM_JOB_ID"):
-        run_line = re.sub(rf"([=:])\${var}\b", rf'\1"${var}"', run_line)
-    if rdzv_port is None:
-        port_lines = ["# ... on a port free there now (the batch script runs on that node):",
-                      "# a fixed port clashes with another job's rendezvous on the same node.",
-                      f"RDZV_PORT=$({_FREE_PORT.format(python=shlex.quote(python))})"]
-    else:
-        port_lines = [f"RDZV_PORT={int(rdzv_port)}"]
+    if not re.fullmatch(r"[A-Za-z_][\w.]*", module):
+        raise ValueError(f"module {module!r} is not a Python module name")
+    sb = [f"--job-name={job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
+          f"--time={job.time}", f"--output={output}", *job.resources,
+          *([f"--chdir={workdir}"] if workdir else []), *job.extra]
+    what = "Unit 3's DDP training" if module == SCRIPT_MODULE else f"python -m {module}"
     lines = ["#!/bin/bash",
-             f"# Unit 3's DDP training on {nodes} node(s) x {nproc} process(es), made by",
+             f"# {what} on {job.nodes} node(s) x {job.nproc} process(es), made by",
              f"# course_utils.cluster.slurm_script from profile {prof.name!r}. Submit: sbatch FILE",
              f"# (the log, one JSON line per rank at the end, goes to {output} in the",
              "# directory sbatch runs in; %j is the job id).",
              *(f"#SBATCH {s}" for s in sb),
              "",
              "set -euo pipefail",
-             *(f"export {k}={shlex.quote(str(v))}" for k, v in sorted(env.items())),
-             "# The c10d rendezvous store listens on the first node of the allocation ...",
-             'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-             *port_lines,
-             'echo "job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES node(s) ($SLURM_JOB_NODELIST)'
-             f' x {nproc} process(es), rendezvous on $HEAD_NODE:$RDZV_PORT"',
-             "# One task per node; each runs one torchrun, which starts the training processes.",
-             f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {run_line}",
+             *(f"export {k}={shlex.quote(v)}" for k, v in sorted(_job_env(prof, job).items())),
+             *_run_lines(job, module, script_args, rdzv_port, rdzv_host),
              ""]
     return "\n".join(lines)
 
@@ -214,9 +248,11 @@ class ScriptCheck:
 
 
 def check_sbatch_script(text: str, bash: str | None = None,
-                        expect: Mapping[str, str] | None = None) -> ScriptCheck:
+                        expect: Mapping[str, str] | None = None,
+                        module: str = SCRIPT_MODULE) -> ScriptCheck:
     """Check a batch script without Slurm: ``bash -n`` syntax, ``#SBATCH`` options, and one
-    ``srun ... torchrun ... -m course_utils.torch_dist.ddp_script`` line with c10d flags.
+    ``srun ... torchrun ... -m MODULE`` line with c10d flags (``module``: unit 3's training
+    unless said otherwise).
 
     ``expect`` maps ``#SBATCH`` option names (``"nodes"``) or torchrun flags (``"--nnodes"``)
     to the values they must have.
@@ -246,8 +282,8 @@ def check_sbatch_script(text: str, bash: str | None = None,
         if a.startswith("--") and "=" in a:
             k, v = a.split("=", 1)
             res.torchrun[k] = v
-    if argv[tr + 1:].count("-m") != 1 or SCRIPT_MODULE not in argv:
-        res.errors.append(f"torchrun does not run -m {SCRIPT_MODULE}")
+    if argv[tr + 1:].count("-m") != 1 or module not in argv:
+        res.errors.append(f"torchrun does not run -m {module}")
     for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint",
                  "--rdzv-id"):
         if flag not in res.torchrun:

@@ -19,14 +19,23 @@ Configured like the original: ``c.SSHEngineSetLauncher.engines``, ``ssh_cmd``, `
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import signal as _signal
 import subprocess
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
+
+from ..errors import EnginesDidNotStart
+
+if TYPE_CHECKING:
+    import ipyparallel as ipp
+
+    from .profiles import ClusterProfile
 
 #: ssh commands per host (kill) give up after this many seconds.
 SSH_COMMAND_TIMEOUT = 20.0
@@ -81,8 +90,6 @@ class CourseSSHEngineLauncher(SSHEngineLauncher):
     _first_failure: float | None = None
 
     def wait_one(self, timeout: float) -> int:
-        import time
-
         try:
             code = super().wait_one(timeout)
         except subprocess.CalledProcessError as exc:
@@ -288,3 +295,69 @@ class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
 
 
 _MARK = "@@course-engine-output-"
+
+
+# ---- starting a profile's SSH hosts (called by cluster/launching.py) ---------------------------
+def remote_profile_base(pdir: str) -> str:
+    """Where SSH hosts keep their copy of the profile: like ipyparallel, relative to the remote
+    home when the local profile is under this home (``.ipython/profile_course``)."""
+    home = os.path.expanduser("~").rstrip("/") + "/"
+    return pdir[len(home):] if pdir.startswith(home) else pdir
+
+
+def ssh_preflight(prof: ClusterProfile, timeout: float = 15.0) -> dict[str, str]:
+    """``ssh HOST true`` to every host of an SSH profile at once; host -> why it failed.
+
+    Empty when every host answers. Bounded by ``timeout`` (plus ssh's ConnectTimeout), so an
+    unreachable host costs seconds, not a hung start.
+    """
+    procs = {h.host: subprocess.Popen(prof.ssh_argv(h, "true"), stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True)
+             for h in prof.hosts}
+    deadline = time.monotonic() + timeout
+    failed: dict[str, str] = {}
+    for host, p in procs.items():
+        try:
+            _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            failed[host] = f"no answer within {timeout:g} s"
+            continue
+        if p.returncode != 0:
+            lines = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+            failed[host] = lines[-1] if lines else f"ssh exited {p.returncode}"
+    return failed
+
+
+def start_ssh_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int,
+                      env: dict[str, str]) -> None:
+    """Start the engines of an SSH profile on its hosts, once every host answered."""
+    # Every host must answer before any engine starts (a clear error naming the host,
+    # instead of engines left running on the hosts that did answer).
+    failed = ssh_preflight(prof)
+    if failed:
+        raise EnginesDidNotStart(
+            "cannot reach " + "; ".join(f"host {h!r} over ssh ({why})"
+                                        for h, why in failed.items()),
+            "check that the host is up and its sshd runs, then `ssh "
+            f"{' '.join(prof.ssh_argv(next(iter(failed)), 'true')[1:-1])} true` works; "
+            "`course doctor --hosts PROFILE` checks every host",
+        )
+    # Set on every start, also on a cluster loaded from its file (a kernel that joined course
+    # lab's cluster and restarts it): per host its engine count, interpreter, remote profile
+    # folder and environment (with COURSE_NODE: which host), and the ssh/scp commands.
+    for key, value in prof.ssh_launcher_settings(
+            env, remote_profile_base(cl.profile_dir)).items():
+        setattr(cl.config.SSHEngineSetLauncher, key, value)
+    cl.engine_launcher_class = CourseSSHEngineSetLauncher
+    try:
+        cl.start_engines_sync(prof.engine_count(n), environment=env)
+    except HostStartError as exc:
+        raise EnginesDidNotStart(
+            f"could not start engines on host {exc.host!r} over ssh: {exc.why}",
+            "check the host's python path in the profile (the course's venv, with ipyparallel, "
+            "at the same path on every host) and that the host can reach controller_ip; "
+            "`course doctor --hosts PROFILE` names the failing check",
+        ) from exc

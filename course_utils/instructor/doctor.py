@@ -69,9 +69,9 @@ def check_tensorflow(timeout: float = 180) -> Check:
 
 
 def check_hardware() -> Check:
-    from ..cluster.engine import _gpu_count
+    from ..cluster.engine import gpu_count
 
-    gpus = _gpu_count()
+    gpus = gpu_count()
     detail = f"{os.cpu_count()} CPU cores, {gpus} GPU(s) visible"
     detail += " -> backend gloo" if gpus == 0 else " -> backend nccl for GPU ranks"
     return Check("hardware", True, detail)

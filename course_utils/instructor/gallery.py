@@ -242,13 +242,9 @@ def run(outdir: str | Path, ring_ranks: int = 4, tf: bool = True) -> list[Item]:
 
 def _cluster(n: int, suffix: str) -> Any:
     from .. import settings
-    from ..cluster import lifecycle
-    from ..cluster.profiles import load_profile
+    from ..cluster import launch
 
-    cc = lifecycle._start_new(f"{settings.cluster_id()}-{suffix}", load_profile("local"), n,
-                              settings.start_timeout())
-    cc.refresh_ranks()
-    return cc
+    return launch(n, profile="local", cluster_id=f"{settings.cluster_id()}-{suffix}")
 
 
 def _ring_part(gal: Gallery, ranks: int) -> None:

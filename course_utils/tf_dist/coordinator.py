@@ -23,9 +23,9 @@ from .taskset import TaskSet, active, wait_ready
 def _kernel_address(cc: CourseCluster) -> str:
     if cc.profile.is_local:
         return "127.0.0.1"
-    from ..cluster.engine import _route_addr
+    from ..cluster.engine import route_address
 
-    return _route_addr(cc.ranks.master_addr)
+    return route_address(cc.ranks.master_addr)
 
 
 

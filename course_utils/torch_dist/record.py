@@ -302,8 +302,7 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
     and process group are left as they were. Returns one record per rank for
     :func:`course_utils.viz.ring.replay_frames`.
     """
-    from ..cluster import lifecycle
-    from ..cluster.profiles import load_profile
+    from ..cluster import launch
     from ..settings import cluster_id as default_cluster_id
     from .process_group import start
     from .px_functions import engine_restore, engine_snapshot_of
@@ -323,9 +322,8 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
         cc.run(engine_record_ring_frames, fn_name, n, timeout=60)
         snapshot = cc.run_on(0, engine_snapshot_of, fn_name, timeout=30)
     cid = f"{(cc.cluster_id if cc else default_cluster_id())}-ring{ranks}"
-    side = lifecycle._start_new(cid, load_profile("local"), ranks, timeout)
+    side = launch(ranks, profile="local", timeout=timeout, cluster_id=cid)
     try:
-        side.refresh_ranks()
         start(side, backend="gloo")
         side.view.execute(_PREAMBLE, block=False).get(timeout=timeout)
         if snapshot is not None:
@@ -334,7 +332,4 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
             side.view.execute(source, block=False).get(timeout=timeout)
         return side.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
     finally:
-        # Nothing on this cluster is worth a polite stop: SIGTERM waits 2 s, SIGKILL does not.
-        with contextlib.suppress(Exception):
-            lifecycle._stop_engines(side.cluster, kill=True)
-        side.stop(force=True)
+        side.stop(kill=True)  # nothing on it is worth a polite stop (SIGTERM waits 2 s)

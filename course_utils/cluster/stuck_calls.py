@@ -1,0 +1,134 @@
+"""Calls that did not finish: where each rank is stuck, and refusing calls that would queue
+behind a stuck one.
+
+A rank blocked in a collective answers no call, so :meth:`StuckCalls.where` reads the Python
+stacks the engines dump on a signal (:func:`course_utils.cluster.engine.enable_stack_dump`;
+engines on this machine only), and a call's timeout error names each rank's line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ClusterTimeout, ProcessGroupGone
+from ..procs import cmdline
+from . import engine
+from .ranks import RankMap
+
+
+def is_engine(pid: int) -> bool:
+    """True when ``pid`` is an ipyparallel engine (never signal a reused pid)."""
+    return "ipyparallel" in " ".join(cmdline(pid))
+
+
+class StuckCalls:
+    """One cluster's last call that timed out, and the files its engines dump stacks to."""
+
+    def __init__(self) -> None:
+        # ranks still running it, what and since when, its msg ids, where each rank was
+        self.last: dict[str, Any] | None = None
+        #: engine id -> the file its faulthandler writes stacks to (engines on this machine)
+        self.stack_files: dict[int, str] = {}
+
+    def forget_stack_files(self) -> None:
+        """Delete the stack files of engines that are being replaced."""
+        for path in self.stack_files.values():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        self.stack_files = {}
+
+    def follow(self, rank_map: RankMap, local: bool) -> None:
+        """Another kernel replaced the engines: forget the old ones' call and stack files."""
+        self.last = None
+        self.forget_stack_files()
+        if local:  # the new engines dump their stacks where their pid says
+            self.stack_files = {r.engine_id: engine.stack_file(r.pid) for r in rank_map
+                                if os.path.exists(engine.stack_file(r.pid))}
+
+    def where(self, ranks: RankMap, engine_ids: Sequence[int] | None = None,
+              wait: float = 1.0) -> dict[int, str]:
+        """rank -> what its main thread runs now (see :meth:`CourseCluster.where`)."""
+        ids = list(ranks.engine_ids if engine_ids is None else engine_ids)
+        sig = engine.STACK_SIGNAL
+        marks: dict[int, tuple[str, int]] = {}
+        for eid in ids:
+            path = self.stack_files.get(eid)
+            if sig is None or not path or not ranks.has_engine(eid):
+                continue
+            pid = ranks.by_engine(eid).pid
+            if not os.path.exists(path) or f"-{pid}." not in path or not is_engine(pid):
+                continue
+            with contextlib.suppress(OSError):
+                size = os.path.getsize(path)
+                os.kill(pid, sig)
+                marks[eid] = (path, size)
+        out: dict[int, str] = {}
+        deadline = time.monotonic() + wait
+        while marks and time.monotonic() < deadline:
+            for eid, (path, size) in list(marks.items()):
+                with contextlib.suppress(OSError):
+                    if os.path.getsize(path) > size:
+                        time.sleep(0.05)  # let the dump finish
+                        with open(path, errors="replace") as f:
+                            f.seek(size)
+                            out[ranks.by_engine(eid).rank] = engine.summarize_stack(f.read())
+                        marks.pop(eid)
+            time.sleep(0.02)
+        return out
+
+    def timed_out(self, ranks: RankMap, pending: Sequence[tuple[int, str]], timeout: float,
+                  what: str) -> ClusterTimeout:
+        """Record a call that did not finish in ``timeout`` s; the error that says where."""
+        stuck = ranks_of(ranks, [e for e, _ in pending])
+        where = self.where(ranks, [e for e, _ in pending])
+        self.last = {"ranks": stuck, "what": what, "since": time.time() - timeout,
+                     "msg_ids": [m for _, m in pending], "where": where}
+        doing = "".join(f"\n  rank {r}: {where[r]}" for r in stuck if r in where)
+        return ClusterTimeout(
+            f"{what} did not finish within {timeout:g} s; still running on ranks {stuck}"
+            f"{doing}\nA collective that some ranks never joined blocks forever, and Ctrl-C "
+            "(SIGINT) cannot break it",
+            "run cu.restart() to replace the engines (the process group is rebuilt), "
+            "then re-run the cell; check every rank calls the same collectives in order",
+        )
+
+    def still_stuck(self, queues: dict[Any, Any], registered: set[int]) -> ProcessGroupGone | None:
+        """The error for a new call while ranks still run the call that timed out (it would
+        only queue behind it); None (and forgotten) once that call is gone from the queues."""
+        stuck = self.last
+        if not stuck:
+            return None
+        pending = {m for eid, q in queues.items() if eid in registered
+                   for m in q.get("queue", [])}
+        if not pending & set(stuck["msg_ids"]):
+            self.last = None
+            return None
+        since = time.time() - stuck["since"]
+        doing = "".join(f"\n  rank {r}: {w}" for r, w in stuck.get("where", {}).items())
+        return ProcessGroupGone(
+            f"ranks {stuck['ranks']} are still stuck in {stuck['what']}, which timed out "
+            f"{since:.0f} s ago{doing}\nEvery new call would queue behind it, and the process "
+            "group cannot be used until those ranks are replaced",
+            "run cu.restart() (replaces the engines and rebuilds the process group), then "
+            "re-run the cell",
+        )
+
+
+def ranks_of(ranks: RankMap, engine_ids: Sequence[int]) -> list[int]:
+    """The ranks of those of ``engine_ids`` that the rank map knows, in the same order."""
+    return [ranks.by_engine(e).rank for e in engine_ids if ranks.has_engine(e)]
+
+
+def queued_behind_others(ranks: list[int], behind: float, timeout: float,
+                         what: str) -> ClusterTimeout:
+    """The error for a call that waited ``timeout`` s behind another notebook's cell."""
+    return ClusterTimeout(
+        f"{what} did not start within {timeout:g} s: ranks {ranks} are running "
+        f"another notebook's cell (for {behind:.0f} s) and this call waits behind it",
+        "wait for that cell to finish (or interrupt it in its notebook), then re-run "
+        "this cell; do not restart: that would kill the other notebook's work",
+    )
