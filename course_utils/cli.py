@@ -22,10 +22,6 @@ from pathlib import Path
 
 from . import settings
 
-#: The checkout this package runs from (editable installs); installed copies find their
-#: notebooks and profiles with settings.data_dir instead.
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _notebooks_dir() -> Path:
     nb = settings.data_dir("notebooks")  # the checkout's, or the installed package's copy

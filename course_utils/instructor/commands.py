@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CourseError
+from ..settings import course_root
 
 DEFAULT_COURSE = "course"
-SLIDES_DIR = Path(__file__).resolve().parents[2] / "slides"  # = slides.SLIDES_DIR, no import
+SLIDES_DIR = course_root() / "slides"  # = slides.SLIDES_DIR, without importing slides
 
 Command = Callable[[argparse.Namespace], int]
 

@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster.profiles import ClusterProfile, HostSpec, load_profile
+from ..settings import course_root
 
 #: ssh options the doctor adds after the profile's own: fail fast on an unreachable host.
 DOCTOR_SSH = ("-o", "ConnectTimeout=5", "-o", "BatchMode=yes")
 #: Distributions whose versions must match the controller's.
 PACKAGES = {"torch": "torch", "tensorflow": "tensorflow", "ipyparallel": "ipyparallel"}
-COURSE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -456,7 +456,7 @@ class HostDoctor:
         t0 = time.monotonic()
         marker = f".course-doctor-{secrets.token_hex(4)}"
         token = secrets.token_hex(8)
-        shared_paths = [str(COURSE_ROOT), *self.prof.shared_paths]
+        shared_paths = [str(course_root()), *self.prof.shared_paths]
         written = []
         listeners = []
         try:

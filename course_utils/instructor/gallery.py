@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cli import ROOT
+from ..settings import data_dir
 
-NOTEBOOKS = ROOT / "notebooks"
+NOTEBOOKS = data_dir("notebooks")
 
 
 @dataclass

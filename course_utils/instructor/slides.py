@@ -38,10 +38,11 @@ import nbformat
 from nbformat import NotebookNode
 
 from ..errors import CourseError
+from ..settings import course_root
 from .grading import nbgrader_meta
 from .release import lesson_notebooks, secret_lines, unit_of
 
-SLIDES_DIR = Path(__file__).resolve().parents[2] / "slides"
+SLIDES_DIR = course_root() / "slides"
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TEMPLATE_NAME = "course_reveal"
 REVEAL_DIR = "reveal.js"
