@@ -21,3 +21,14 @@ def test_student_version_replaces_solutions_with_a_stub():
     text = "\n".join(c.source for c in nb.cells)
     assert "### BEGIN SOLUTION" not in text and "raise NotImplementedError()" in text
     assert "### BEGIN HIDDEN TESTS" in text  # autograding keeps hidden tests
+
+
+def test_test_and_solution_cells_are_told_apart_by_their_nbgrader_metadata():
+    from course_utils.notebook_cells import is_solution_cell, is_test_cell
+
+    test = {"metadata": {"nbgrader": {"grade": True, "solution": False, "points": 1}}}
+    answer = {"metadata": {"nbgrader": {"grade": True, "solution": True}}}
+    exercise = {"metadata": {"nbgrader": {"grade": False, "solution": True}}}
+    plain = {"metadata": {}}
+    assert [is_test_cell(c) for c in (test, answer, exercise, plain)] == [1, 0, 0, 0]
+    assert [is_solution_cell(c) for c in (test, answer, exercise, plain)] == [0, 1, 1, 0]

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from course_utils import cli
+from course_utils import cli, notebook_cells
 from course_utils.cluster import pxoutput
 from course_utils.cluster.ranks import RankInfo, RankMap
 from course_utils.errors import CourseError
@@ -200,11 +200,11 @@ def test_learner_version_has_stubs_no_hidden_tests_and_the_course_kernel():
     assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text
     assert "the same epoch must give the same order" not in text  # a hidden assert
     for cell in mine.cells:
-        if grading.is_solution_cell(cell) and cell.cell_type == "code":
+        if notebook_cells.is_solution_cell(cell) and cell.cell_type == "code":
             assert re.search(r"raise NotImplementedError\(['\"].+: replace this line", cell.source)
-        if grading.is_test_cell(cell):
+        if notebook_cells.is_test_cell(cell):
             assert cell.metadata.get("editable") is False  # locked, as nbgrader releases them
-            assert grading.nbgrader_meta(cell).get("checksum")
+            assert notebook_cells.nbgrader_meta(cell).get("checksum")
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
     assert mine.metadata.kernelspec.name == kernelspec.KERNEL_NAME
@@ -225,9 +225,9 @@ def test_the_learners_copy_is_the_student_notebook_a_release_hands_out(tmp_path,
     assert {k: v for k, v in mine.metadata.items() if k != "kernelspec"} == {
         k: v for k, v in released.metadata.items() if k != "kernelspec"}
     assert mine.metadata.kernelspec.name == kernelspec.KERNEL_NAME
-    locked = [c for c in mine.cells if grading.nbgrader_meta(c).get("locked")]
-    assert locked and all(grading.nbgrader_meta(c).get("checksum") for c in locked)
-    stubs = [c.source for c in mine.cells if grading.is_solution_cell(c)]
+    locked = [c for c in mine.cells if notebook_cells.nbgrader_meta(c).get("locked")]
+    assert locked and all(notebook_cells.nbgrader_meta(c).get("checksum") for c in locked)
+    stubs = [c.source for c in mine.cells if notebook_cells.is_solution_cell(c)]
     assert stubs and all(re.search(r"raise NotImplementedError\(['\"]", s) for s in stubs), stubs
     assert any("Exercise 1" in s for s in stubs)
     # Cached: a second copy is read, not released again; a changed source is released anew.
@@ -247,7 +247,7 @@ def test_sync_adds_keeps_replaces_offers_and_restores(tmp_path, sources):
     # A change in a solution or a hidden test does not change what the learner gets.
     src3 = sources[1]
     nb3 = grading.read(src3)
-    sol = next(c for c in nb3.cells if grading.nbgrader_meta(c).get("grade_id") == "ex1-solution")
+    sol = notebook_cells.find_cell(nb3.cells, "ex1-solution")
     assert "drop_last=True" in sol.source  # inside ex1's solution region
     sol.source = sol.source.replace("drop_last=True", "drop_last = True")
     nbformat.write(nb3, str(src3))

@@ -16,6 +16,7 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from ..notebook_cells import is_test_cell, nbgrader_meta
 from ..settings import data_dir
 
 NOTEBOOK_DIR: Path = data_dir("notebooks")  # the checkout's, or the installed package's copy
@@ -24,19 +25,6 @@ NOTEBOOK_DIR: Path = data_dir("notebooks")  # the checkout's, or the installed p
 def source_notebooks() -> list[Path]:
     """Every lesson notebook, in unit order."""
     return sorted(p for p in NOTEBOOK_DIR.glob("*.ipynb") if ".ipynb_checkpoints" not in str(p))
-
-
-def nbgrader_meta(cell: NotebookNode) -> dict:
-    return dict(cell.get("metadata", {}).get("nbgrader", {}))
-
-
-def is_test_cell(cell: NotebookNode) -> bool:
-    m = nbgrader_meta(cell)
-    return bool(m.get("grade")) and not m.get("solution")
-
-
-def is_solution_cell(cell: NotebookNode) -> bool:
-    return bool(nbgrader_meta(cell).get("solution"))
 
 
 def graded_test_ids(nb: NotebookNode) -> list[str]:
@@ -106,8 +94,3 @@ def with_solution(nb: NotebookNode, grade_id: str, body: str) -> NotebookNode:
         cell.source = cell.source[: m.start()] + "\n".join(lines) + "\n" + cell.source[m.end():]
         return nb
     raise KeyError(grade_id)
-
-
-def failed_by_test(nb: NotebookNode) -> dict[str, bool]:
-    """Execute up to the last graded test; map each test's grade_id to whether it failed."""
-    return {o.grade_id: o.failed for o in grade_outcomes(execute_until_last_test(nb))}

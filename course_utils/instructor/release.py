@@ -28,7 +28,8 @@ import nbformat
 from nbformat import NotebookNode
 
 from ..errors import CourseError
-from .grading import NOTEBOOK_DIR, is_solution_cell, nbgrader_meta, source_notebooks
+from ..notebook_cells import is_solution_cell, is_test_cell, nbgrader_meta
+from .grading import NOTEBOOK_DIR, source_notebooks
 
 COURSE_ID = "dist-training"
 FOLDERS = ("source", "release", "submitted", "autograded", "feedback")
@@ -218,17 +219,12 @@ def release(outdir: str | Path, units: list[int] | None = None,
             exercises=[nbgrader_meta(c)["grade_id"] for c in source_nb.cells
                        if is_solution_cell(c)],
             tests={nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
-                   for c in source_nb.cells if _is_test(c)},
+                   for c in source_nb.cells if is_test_cell(c)},
             answers={nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
                      for c in source_nb.cells
                      if nbgrader_meta(c).get("grade") and is_solution_cell(c)},
             seconds=time.perf_counter() - t0))
     return out
-
-
-def _is_test(cell: NotebookNode) -> bool:
-    m = nbgrader_meta(cell)
-    return bool(m.get("grade")) and not m.get("solution")
 
 
 def _tail(text: str, n: int = 1500) -> str:
@@ -396,7 +392,7 @@ def bare_asserts(nb: NotebookNode) -> list[tuple[str, int, str, bool]]:
 
     out = []
     for cell in nb.cells:
-        if not _is_test(cell):
+        if not is_test_cell(cell):
             continue
         src = "\n".join("" if ln.lstrip().startswith("%") else ln
                         for ln in cell.source.splitlines())

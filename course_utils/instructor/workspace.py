@@ -38,6 +38,7 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from .. import notebook_cells
 from ..errors import CourseError
 from . import grading
 from .kernelspec import set_kernelspec
@@ -239,10 +240,10 @@ def exercises(nb: NotebookNode) -> dict[str, dict[str, list[int]]]:
     """``{"ex1": {"solution": [cell indices], "tests": [cell indices]}}`` in notebook order."""
     out: dict[str, dict[str, list[int]]] = {}
     for i, cell in enumerate(nb.cells):
-        gid = grading.nbgrader_meta(cell).get("grade_id", "")
-        if grading.is_solution_cell(cell) and cell.cell_type == "code":
+        gid = notebook_cells.nbgrader_meta(cell).get("grade_id", "")
+        if notebook_cells.is_solution_cell(cell) and cell.cell_type == "code":
             out.setdefault(exercise_of(gid), {"solution": [], "tests": []})["solution"].append(i)
-        elif grading.is_test_cell(cell):
+        elif notebook_cells.is_test_cell(cell):
             out.setdefault(exercise_of(gid), {"solution": [], "tests": []})["tests"].append(i)
     return out
 
@@ -297,8 +298,8 @@ class UnitStatus:
 def unit_status(path: str | os.PathLike[str]) -> UnitStatus:
     """The visible tests' states in the saved copy ``path``."""
     nb = grading.read(path)
-    return UnitStatus(Path(path).name, {grading.nbgrader_meta(c)["grade_id"]: test_state(c)
-                                        for c in nb.cells if grading.is_test_cell(c)})
+    return UnitStatus(Path(path).name, {notebook_cells.nbgrader_meta(c)["grade_id"]: test_state(c)
+                                        for c in nb.cells if notebook_cells.is_test_cell(c)})
 
 
 # --------------------------------------------------------------------------- solutions
@@ -313,8 +314,8 @@ def solution_text(source: NotebookNode, exercise: str) -> str:
 
     parts = []
     for cell in source.cells:
-        gid = grading.nbgrader_meta(cell).get("grade_id", "")
-        if grading.is_solution_cell(cell) and exercise_of(gid) == exercise:
+        gid = notebook_cells.nbgrader_meta(cell).get("grade_id", "")
+        if notebook_cells.is_solution_cell(cell) and exercise_of(gid) == exercise:
             for m in _SOLUTION_RE.finditer(cell.source):
                 parts.append(f"# {gid}\n{textwrap.dedent(m.group(1)).rstrip()}")
     return "\n\n".join(parts)
@@ -337,7 +338,7 @@ def reveal_solution(workdir: str | os.PathLike[str], unit: str, exercise: str,
                              f"`course solution {unit} ex1` names the exercise by its number")
     tests = [mine.cells[i] for i in found[exercise]["tests"]]
     if not any(attempted(c) for c in tests):
-        ids = ", ".join(grading.nbgrader_meta(c)["grade_id"] for c in tests)
+        ids = ", ".join(notebook_cells.nbgrader_meta(c)["grade_id"] for c in tests)
         raise WorkspaceError(
             f"the visible test of {exercise} in {path.name} ({ids}) has not been run in the "
             "saved notebook",
