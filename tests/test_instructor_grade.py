@@ -23,6 +23,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_utils.assignments.nbgrader_setup import CourseExecute, RestoreDeletedTests
+from course_utils.assignments.release import read_nb, release
 from course_utils.instructor.grade import (
     RUN_MARK,
     GradingError,
@@ -35,8 +37,6 @@ from course_utils.instructor.grade import (
     tampering,
 )
 from course_utils.instructor.grading import nbgrader_meta
-from course_utils.instructor.nbgrader_setup import CourseExecute, RestoreDeletedTests
-from course_utils.instructor.release import read_nb, release
 
 CELL_TIMEOUT = 30
 NOTEBOOK_TIMEOUT = 150

@@ -31,7 +31,8 @@ import nbformat
 import pytest
 
 from course_utils import notebook_cells
-from course_utils.instructor import grading, home, kernelspec, workspace
+from course_utils.assignments import lessons
+from course_utils.learner import home, kernelspec, workspace
 from tests.rigs import browser as rig
 
 chromium = rig.chromium
@@ -59,8 +60,8 @@ class LearnerLab:
 
 def solve(copy: Path, exercises_wanted: set[str] | None = None) -> nbformat.NotebookNode:
     """The learner's copy with the instructor's solution in each exercise cell (markers gone)."""
-    nb = grading.read(copy)
-    source = grading.read(grading.NOTEBOOK_DIR / copy.name)
+    nb = lessons.read(copy)
+    source = lessons.read(lessons.NOTEBOOK_DIR / copy.name)
     solved = {notebook_cells.nbgrader_meta(c)["grade_id"]: c.source for c in source.cells
               if notebook_cells.is_solution_cell(c)}
     for cell in nb.cells:
@@ -125,10 +126,10 @@ def test_home_lists_units_cluster_and_status(chromium, learner_lab, browser_scre
     assert "2 ranks" in text and "not run yet" in text, text[:2000]
     assert "Distributed training course" in text  # the kernel the page runs on
     # The learner's copy has stubs, not solutions, and no hidden tests.
-    mine = grading.read(lab.workdir / UNIT3)
+    mine = lessons.read(lab.workdir / UNIT3)
     solutions = [c.source for c in mine.cells if notebook_cells.is_solution_cell(c)]
     assert solutions and all("raise NotImplementedError(" in s for s in solutions)
-    source = grading.read(grading.NOTEBOOK_DIR / UNIT3)
+    source = lessons.read(lessons.NOTEBOOK_DIR / UNIT3)
     hidden = [ln.strip() for c in source.cells if notebook_cells.is_test_cell(c)
               for region in re.findall(r"BEGIN HIDDEN TESTS\n(.*?)### END", c.source, re.S)
               for ln in region.splitlines() if ln.strip()]

@@ -62,7 +62,7 @@ def _add(sub: argparse._SubParsersAction, name: str, func: Command, help: str, *
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from .release import release
+    from ..assignments.release import release
 
     rel = release(args.outdir, units=args.unit, notebook_dir=args.notebooks)
     print(rel.table())

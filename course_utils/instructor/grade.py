@@ -8,8 +8,9 @@ module adds what a distributed course needs around it:
   own cluster id, and every process of the previous run (controller, engines, the kernel, engines
   the kernel's ``cu.restart()`` started) ended by pid, so no state or process group leaks from
   one student into the next score;
-* **time limits** per cell and per notebook (:class:`~.nbgrader_setup.CourseExecute`): a student
-  whose notebook hangs costs at most the limit;
+* **time limits** per cell and per notebook
+  (:class:`course_utils.assignments.nbgrader_setup.CourseExecute`): a student whose notebook
+  hangs costs at most the limit;
 * a **per-student, per-question** table (CSV and JSON) with each failure's one-line reason and
   notes on tampering (a test cell edited or deleted: the instructor's version ran).
 """
@@ -33,9 +34,9 @@ import nbformat
 from nbformat import NotebookNode
 
 from .. import settings
+from ..assignments.release import load_config, run_app
 from ..errors import CourseError
 from .grading import nbgrader_meta
-from .release import load_config, run_app
 
 #: Marks every process started for one graded notebook (the controller, engines, the kernel and
 #: anything it starts inherit it), so that all of them can be ended by pid afterwards.
@@ -383,7 +384,7 @@ def grade(submissions: str | Path, course: str | Path | None = None,
     notebook; write ``grades.csv``/``grades.json`` into the course folder and return them."""
     from nbgrader.converters import Autograde
 
-    from .release import unit_of
+    from ..assignments.release import unit_of
 
     say = progress or (lambda _msg: None)
     submissions = Path(submissions).resolve()

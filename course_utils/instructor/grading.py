@@ -11,20 +11,16 @@ import copy
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-import nbformat
 from nbformat import NotebookNode
 
+from ..assignments.lessons import NOTEBOOK_DIR, read, source_notebooks
 from ..notebook_cells import is_test_cell, nbgrader_meta
-from ..settings import data_dir
 
-NOTEBOOK_DIR: Path = data_dir("notebooks")  # the checkout's, or the installed package's copy
-
-
-def source_notebooks() -> list[Path]:
-    """Every lesson notebook, in unit order."""
-    return sorted(p for p in NOTEBOOK_DIR.glob("*.ipynb") if ".ipynb_checkpoints" not in str(p))
+#: Also used from here by the tests (one import line for a grading check's needs).
+__all__ = ["NOTEBOOK_DIR", "GradeOutcome", "execute_until_last_test", "grade_outcomes",
+           "graded_test_ids", "is_test_cell", "nbgrader_meta", "read", "source_notebooks",
+           "student_version", "with_solution"]
 
 
 def graded_test_ids(nb: NotebookNode) -> list[str]:
@@ -75,10 +71,6 @@ def grade_outcomes(executed: NotebookNode) -> list[GradeOutcome]:
         text = f"{errors[0].get('ename')}: {errors[0].get('evalue')}"[:300] if errors else ""
         outcomes.append(GradeOutcome(nbgrader_meta(c)["grade_id"], bool(errors), text))
     return outcomes
-
-
-def read(path: str | os.PathLike[str]) -> NotebookNode:
-    return nbformat.read(str(path), as_version=4)
 
 
 def with_solution(nb: NotebookNode, grade_id: str, body: str) -> NotebookNode:

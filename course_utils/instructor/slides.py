@@ -37,10 +37,10 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from ..assignments.release import lesson_notebooks, secret_lines, unit_of
 from ..errors import CourseError
 from ..settings import course_root
 from .grading import nbgrader_meta
-from .release import lesson_notebooks, secret_lines, unit_of
 
 SLIDES_DIR = course_root() / "slides"
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -361,8 +361,8 @@ def write_metadata(units: list[int] | None = None, notebook_dir: str | Path | No
     types of :func:`assign_slide_metadata` (cell metadata), and the unit's time, objectives and
     prerequisites parsed from its intro plus the course's kernel (notebook metadata), which the
     course home and a learner's JupyterLab use. Sources and outputs are never changed."""
-    from .home import set_unit_metadata
-    from .kernelspec import set_kernelspec
+    from ..learner.home import set_unit_metadata
+    from ..learner.kernelspec import set_kernelspec
 
     say = progress or (lambda _msg: None)
     written = []

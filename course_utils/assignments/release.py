@@ -29,7 +29,7 @@ from nbformat import NotebookNode
 
 from ..errors import CourseError
 from ..notebook_cells import is_solution_cell, is_test_cell, nbgrader_meta
-from .grading import NOTEBOOK_DIR, source_notebooks
+from .lessons import NOTEBOOK_DIR, source_notebooks
 
 COURSE_ID = "dist-training"
 FOLDERS = ("source", "release", "submitted", "autograded", "feedback")
@@ -88,7 +88,7 @@ folder, behave as the `course` command does. Needs the course package importable
 """
 import os
 
-from course_utils.instructor import nbgrader_setup
+from course_utils.assignments import nbgrader_setup
 
 c = get_config()  # noqa: F821
 c.CourseDirectory.course_id = {course_id!r}
@@ -99,7 +99,7 @@ nbgrader_setup.configure(c, root=os.path.dirname(os.path.abspath(__file__)),
 
 def write_config(root: Path, course_id: str = COURSE_ID, cell_timeout: int = CELL_TIMEOUT,
                  notebook_timeout: int = NOTEBOOK_TIMEOUT) -> Path:
-    """Write ``root/nbgrader_config.py`` (see :mod:`course_utils.instructor.nbgrader_setup`)."""
+    """Write ``root/nbgrader_config.py`` (see :mod:`course_utils.assignments.nbgrader_setup`)."""
     path = Path(root) / "nbgrader_config.py"
     path.write_text(CONFIG_TEMPLATE.format(course_id=course_id, cell_timeout=cell_timeout,
                                            notebook_timeout=notebook_timeout))
