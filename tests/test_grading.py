@@ -6,12 +6,8 @@ nbval's job."""
 
 from __future__ import annotations
 
-from course_utils.instructor.grading import (
-    graded_test_ids,
-    read,
-    source_notebooks,
-    student_version,
-)
+from course_utils.assignments.lessons import read, source_notebooks
+from course_utils.instructor.graded_tests import graded_test_ids, student_version
 
 NOTEBOOKS = [p for p in source_notebooks() if graded_test_ids(read(p))]
 

@@ -26,12 +26,12 @@ from course_utils.assignments.release import (
     stub_hint,
     unit_of,
 )
-from course_utils.instructor.grading import (
+from course_utils.instructor.graded_tests import (
     execute_until_last_test,
     grade_outcomes,
     graded_test_ids,
-    nbgrader_meta,
 )
+from course_utils.notebook_cells import nbgrader_meta
 
 UNITS = lesson_notebooks()
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import re
 import nbformat
 import pytest
 
-from course_utils.instructor.grading import read, source_notebooks
+from course_utils.assignments.lessons import read, source_notebooks
 from course_utils.notebook_cells import is_solution_cell, is_test_cell, nbgrader_meta
 
 NOTEBOOKS = source_notebooks()

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from course_utils.instructor.grading import NOTEBOOK_DIR
+from course_utils.assignments.lessons import NOTEBOOK_DIR
 from course_utils.torch_dist import faults, perf
 
 

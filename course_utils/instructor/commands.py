@@ -72,7 +72,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    from .grade import grade
+    from .autograde import grade
 
     res = grade(args.submissions, course=args.course, units=args.unit,
                 cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,

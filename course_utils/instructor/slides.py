@@ -39,8 +39,8 @@ from nbformat import NotebookNode
 
 from ..assignments.release import lesson_notebooks, secret_lines, unit_of
 from ..errors import CourseError
+from ..notebook_cells import nbgrader_meta
 from ..settings import course_root
-from .grading import nbgrader_meta
 
 SLIDES_DIR = course_root() / "slides"
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -345,11 +345,11 @@ def execute_notebook(path: Path, cell_timeout: int = 300) -> NotebookNode:
 
     from nbclient import NotebookClient
 
-    from .grade import GradingCluster
+    from .grading_cluster import GradingCluster
 
     nb = nbformat.read(str(path), as_version=4)
     with GradingCluster() as gc, tempfile.TemporaryDirectory(prefix="course-slides-") as tmp:
-        gc.reset()
+        gc.restart()
         NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
                        resources={"metadata": {"path": tmp}}).execute()
     return nb

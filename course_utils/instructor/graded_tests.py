@@ -1,4 +1,5 @@
-"""Grading checks on the nbgrader source notebooks.
+"""Checks that the graded tests bite: run a notebook to its last graded test and read which
+failed, the student version in memory, a learner's mistake planted in a solution.
 
 The student version is made with nbgrader's own ``ClearSolutions`` preprocessor (what
 ``nbgrader generate_assignment`` runs), then executed; every graded test cell must fail on it.
@@ -14,13 +15,8 @@ from dataclasses import dataclass
 
 from nbformat import NotebookNode
 
-from ..assignments.lessons import NOTEBOOK_DIR, read, source_notebooks
+from ..assignments.lessons import NOTEBOOK_DIR
 from ..notebook_cells import is_test_cell, nbgrader_meta
-
-#: Also used from here by the tests (one import line for a grading check's needs).
-__all__ = ["NOTEBOOK_DIR", "GradeOutcome", "execute_until_last_test", "grade_outcomes",
-           "graded_test_ids", "is_test_cell", "nbgrader_meta", "read", "source_notebooks",
-           "student_version", "with_solution"]
 
 
 def graded_test_ids(nb: NotebookNode) -> list[str]:
