@@ -28,7 +28,7 @@ import nbformat
 from nbformat import NotebookNode
 
 from ..errors import CourseError
-from ..notebook_cells import is_solution_cell, is_test_cell, nbgrader_meta
+from ..notebook_cells import grade_id, is_solution_cell, is_test_cell, nbgrader_meta
 from .lessons import NOTEBOOK_DIR, source_notebooks
 
 COURSE_ID = "dist-training"
@@ -216,11 +216,11 @@ def release(outdir: str | Path, units: list[int] | None = None,
                 "do not repeat it outside them")
         out.units.append(UnitRelease(
             unit=unit_of(path), assignment=aid, source=src, release=rel,
-            exercises=[nbgrader_meta(c)["grade_id"] for c in source_nb.cells
+            exercises=[grade_id(c) for c in source_nb.cells
                        if is_solution_cell(c)],
-            tests={nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
+            tests={grade_id(c): float(nbgrader_meta(c).get("points", 0))
                    for c in source_nb.cells if is_test_cell(c)},
-            answers={nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
+            answers={grade_id(c): float(nbgrader_meta(c).get("points", 0))
                      for c in source_nb.cells
                      if nbgrader_meta(c).get("grade") and is_solution_cell(c)},
             seconds=time.perf_counter() - t0))
@@ -407,6 +407,6 @@ def bare_asserts(nb: NotebookNode) -> list[tuple[str, int, str, bool]]:
         lines = src.splitlines()
         for node in ast.walk(tree):
             if isinstance(node, ast.Assert) and node.msg is None:
-                out.append((nbgrader_meta(cell)["grade_id"], node.lineno,
+                out.append((grade_id(cell), node.lineno,
                             lines[node.lineno - 1].strip(), node.lineno in hidden))
     return out

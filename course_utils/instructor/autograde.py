@@ -31,7 +31,7 @@ from nbformat import NotebookNode
 from .. import settings
 from ..assignments.release import load_config, run_app
 from ..errors import CourseError
-from ..notebook_cells import nbgrader_meta
+from ..notebook_cells import grade_id, nbgrader_meta
 from .grade_report import (
     ClassGrades,
     NotebookGrade,
@@ -192,7 +192,7 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
         reason = one_line_reason(type(exc).__name__, str(exc), 160)
         g.status, g.error = "error", f"not a valid notebook: {reason}"
     changed = tampering(submitted, released) if submitted is not None else {}
-    test_ids = [nbgrader_meta(c)["grade_id"] for c in tests]
+    test_ids = [grade_id(c) for c in tests]
     for gid, what in changed.items():
         if gid not in test_ids:
             g.notes.append(f"lesson cell {gid} {what}; the released version ran")
@@ -210,7 +210,7 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
     by_cell: dict[str, NotebookNode] = {}
     if g.status != "error" and autograded.exists():
         done = nbformat.read(str(autograded), as_version=4)
-        by_cell = {nbgrader_meta(c).get("grade_id"): c for c in done.cells}
+        by_cell = {grade_id(c): c for c in done.cells}
         if any(o.get("ename") == "CellTimeoutError" for c in done.cells
                for o in c.get("outputs", [])):
             g.status = "timeout"
@@ -227,14 +227,14 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
         gb.db.commit()
     for cell in graded:
         if nbgrader_meta(cell).get("solution"):  # a written answer: nbgrader leaves it to a person
-            gid = nbgrader_meta(cell)["grade_id"]
+            gid = grade_id(cell)
             pending = gid in by_hand
             g.questions.append(Question(
                 gid, scores.get(gid, 0.0), float(nbgrader_meta(cell).get("points", 0)),
                 "", "graded by hand: open formgrader (nbgrader) in the course folder"
                 if pending else "graded by hand"))
             continue
-        gid = nbgrader_meta(cell)["grade_id"]
+        gid = grade_id(cell)
         pts = float(nbgrader_meta(cell).get("points", 0))
         score = scores.get(gid, 0.0) if g.status != "error" else 0.0
         reason = ""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from nbformat import NotebookNode
 
-from ..notebook_cells import nbgrader_meta
+from ..notebook_cells import grade_id, nbgrader_meta
 
 REASON_CHARS = 240
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -168,8 +168,8 @@ def cell_reason(cell: NotebookNode) -> str:
 
 def tampering(submitted: NotebookNode, released: NotebookNode) -> dict[str, str]:
     """Locked cells (tests and lesson cells) the student edited or deleted: grade_id -> what."""
-    sub = {nbgrader_meta(c).get("grade_id"): c for c in submitted.cells
-           if nbgrader_meta(c).get("grade_id")}
+    sub = {grade_id(c): c for c in submitted.cells
+           if grade_id(c)}
     out = {}
     for cell in released.cells:
         m = nbgrader_meta(cell)

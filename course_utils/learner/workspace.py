@@ -240,7 +240,7 @@ def exercises(nb: NotebookNode) -> dict[str, dict[str, list[int]]]:
     """``{"ex1": {"solution": [cell indices], "tests": [cell indices]}}`` in notebook order."""
     out: dict[str, dict[str, list[int]]] = {}
     for i, cell in enumerate(nb.cells):
-        gid = notebook_cells.nbgrader_meta(cell).get("grade_id", "")
+        gid = notebook_cells.grade_id(cell)
         if notebook_cells.is_solution_cell(cell) and cell.cell_type == "code":
             out.setdefault(exercise_of(gid), {"solution": [], "tests": []})["solution"].append(i)
         elif notebook_cells.is_test_cell(cell):
@@ -298,7 +298,7 @@ class UnitStatus:
 def unit_status(path: str | os.PathLike[str]) -> UnitStatus:
     """The visible tests' states in the saved copy ``path``."""
     nb = lessons.read(path)
-    return UnitStatus(Path(path).name, {notebook_cells.nbgrader_meta(c)["grade_id"]: test_state(c)
+    return UnitStatus(Path(path).name, {notebook_cells.grade_id(c): test_state(c)
                                         for c in nb.cells if notebook_cells.is_test_cell(c)})
 
 
@@ -314,7 +314,7 @@ def solution_text(source: NotebookNode, exercise: str) -> str:
 
     parts = []
     for cell in source.cells:
-        gid = notebook_cells.nbgrader_meta(cell).get("grade_id", "")
+        gid = notebook_cells.grade_id(cell)
         if notebook_cells.is_solution_cell(cell) and exercise_of(gid) == exercise:
             for m in _SOLUTION_RE.finditer(cell.source):
                 parts.append(f"# {gid}\n{textwrap.dedent(m.group(1)).rstrip()}")
@@ -338,7 +338,7 @@ def reveal_solution(workdir: str | os.PathLike[str], unit: str, exercise: str,
                              f"`course solution {unit} ex1` names the exercise by its number")
     tests = [mine.cells[i] for i in found[exercise]["tests"]]
     if not any(attempted(c) for c in tests):
-        ids = ", ".join(notebook_cells.nbgrader_meta(c)["grade_id"] for c in tests)
+        ids = ", ".join(notebook_cells.grade_id(c) for c in tests)
         raise WorkspaceError(
             f"the visible test of {exercise} in {path.name} ({ids}) has not been run in the "
             "saved notebook",
