@@ -227,7 +227,7 @@ def pytest_sessionstart(session) -> None:
     # The course's Jupyter kernel, as `course lab` / `make lab` install it: `course doctor`
     # checks it. Idempotent (nbval runs notebooks with --nbval-current-env, not through it);
     # locked, because xdist workers start together.
-    from course_utils.instructor import kernelspec
+    from course_utils.learner import kernelspec
 
     with open(os.path.join(tempfile.gettempdir(), "course-kernelspec.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -10,7 +10,9 @@ The folders follow the architecture::
     tf_dist/      TensorFlow: cluster spec, servers on engines, coordinator, v1 graph helpers
     viz/          figures: pure functions of recorded arrays
     checks/       engine-side probes that graded tests call
-    instructor/   grading, doctor, benchmarks (behind the ``course`` command)
+    assignments/  the lessons as nbgrader assignments: the student release, nbgrader set-up
+    learner/      the learner's app: ``course lab``, the home page, working folder, kernel
+    instructor/   release, grade, feedback, slides, doctor, bench (the ``course`` commands)
     data.py       datasets shared by both tracks; errors.py, settings.py, compat.py, cli.py
 
 Notebooks use the short names re-exported here: ``cu.start()``, ``cu.start_torch()``,

@@ -22,10 +22,6 @@ from pathlib import Path
 
 from . import settings
 
-#: The checkout this package runs from (editable installs); installed copies find their
-#: notebooks and profiles with settings.data_dir instead.
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def _notebooks_dir() -> Path:
     nb = settings.data_dir("notebooks")  # the checkout's, or the installed package's copy
@@ -37,7 +33,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     --source, the notebooks); stop both on exit."""
     from . import cluster
     from .errors import CourseError
-    from .instructor import lab as lab_setup
+    from .learner import lab as lab_setup
 
     try:
         plan = lab_setup.prepare(args.workdir, args.source, _notebooks_dir())
@@ -98,10 +94,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
         results = run_host_checks(args.hosts, timeout=args.timeout)
         return 1 if any(c.status == "FAIL" for c in results) else 0
-    from .instructor.doctor import run_checks
+    if args.profile is not None:  # e.g. a Slurm profile: its own checks, then its engines
+        from .instructor.doctor_slurm import profile_checks
 
-    results = run_checks(engines=args.engines, timeout=args.timeout, tf=not args.no_tf,
-                         profile=args.profile)
+        results = []
+        for check in profile_checks(args.profile, args.engines, args.timeout, not args.no_tf):
+            print(check.line())
+            results.append(check)
+    else:
+        from .instructor.doctor import run_checks
+
+        results = run_checks(engines=args.engines, timeout=args.timeout, tf=not args.no_tf)
     failed = [c for c in results if not c.ok]
     print(f"{len(results) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
@@ -140,7 +143,7 @@ def cmd_viz_gallery(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .instructor import lab as lab_setup
+    from .learner import lab as lab_setup
 
     p = argparse.ArgumentParser(prog="course", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

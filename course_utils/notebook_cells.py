@@ -18,6 +18,17 @@ def grade_id(cell: Mapping[str, Any]) -> str:
     return str(nbgrader_meta(cell).get("grade_id", "") or "")
 
 
+def is_test_cell(cell: Mapping[str, Any]) -> bool:
+    """An nbgrader autograded test: graded, and not a solution (an answer cell)."""
+    m = nbgrader_meta(cell)
+    return bool(m.get("grade")) and not m.get("solution")
+
+
+def is_solution_cell(cell: Mapping[str, Any]) -> bool:
+    """A cell the learner writes in (nbgrader ``solution``)."""
+    return bool(nbgrader_meta(cell).get("solution"))
+
+
 def source_text(cell: Mapping[str, Any]) -> str:
     """The cell's source as one string (a saved notebook may store it as a list of lines)."""
     src = cell.get("source", "")

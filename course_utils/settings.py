@@ -98,11 +98,19 @@ def threads_per_engine(engines_on_host: int, cores: int | None = None) -> int:
 DATA_SUBDIR = Path("share") / "dist-training-course"
 
 
+def course_root() -> Path:
+    """The folder that holds this ``course_utils`` package: the checkout when running from one
+    (editable install, tests; ``notebooks/``, ``profiles/``, ``slides/`` sit beside the package),
+    else site-packages. A child process with it on ``PYTHONPATH`` imports this very copy. The
+    one place that computes it: everything else asks here (or :func:`data_dir`)."""
+    return Path(__file__).resolve().parent.parent
+
+
 def data_dir(name: str) -> Path:
     """The course's ``notebooks`` or ``profiles`` folder: the checkout's, when running from one
     (editable install, tests), else the copy the installed package ships under
     ``<prefix>/share/dist-training-course/``. Nothing else assumes a checkout."""
-    here = Path(__file__).resolve().parent.parent / name
+    here = course_root() / name
     if here.is_dir():
         return here
     prefixes = [sysconfig.get_path("data"), sys.prefix, sys.base_prefix]

@@ -11,12 +11,8 @@ import re
 
 import pytest
 
-from course_utils.instructor.grading import (
-    NOTEBOOK_DIR,
-    nbgrader_meta,
-    read,
-    source_notebooks,
-)
+from course_utils.assignments.lessons import NOTEBOOK_DIR, read, source_notebooks
+from course_utils.notebook_cells import nbgrader_meta
 
 GLOSSARY_NOTEBOOK = "00_cluster_tour.ipynb"
 GLOSSARY_CELL = "glossary"

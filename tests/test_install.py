@@ -20,13 +20,13 @@ pytestmark = pytest.mark.cluster
 LIGHT_CHECK = """
 import course_utils, sys
 from course_utils.cluster.profiles import load_profile
-from course_utils.instructor import grading
+from course_utils.assignments import lessons
 from course_utils.cli import _notebooks_dir
 print("package", course_utils.__file__)
 print("profile", load_profile("two-hosts").host_order)
-print("notebooks", len(grading.source_notebooks()), grading.NOTEBOOK_DIR)
-assert sys.prefix in course_utils.__file__ and sys.prefix in str(grading.NOTEBOOK_DIR)
-assert _notebooks_dir() == grading.NOTEBOOK_DIR
+print("notebooks", len(lessons.source_notebooks()), lessons.NOTEBOOK_DIR)
+assert sys.prefix in course_utils.__file__ and sys.prefix in str(lessons.NOTEBOOK_DIR)
+assert _notebooks_dir() == lessons.NOTEBOOK_DIR
 """
 
 

@@ -23,20 +23,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils.instructor.grade import (
-    RUN_MARK,
-    GradingError,
-    collect,
-    find_course,
-    grade,
-    kill_marked,
-    marked_processes,
-    one_line_reason,
-    tampering,
-)
-from course_utils.instructor.grading import nbgrader_meta
-from course_utils.instructor.nbgrader_setup import CourseExecute, RestoreDeletedTests
-from course_utils.instructor.release import read_nb, release
+from course_utils.assignments.nbgrader_setup import CourseExecute, RestoreDeletedTests
+from course_utils.assignments.release import read_nb, release
+from course_utils.instructor.autograde import GradingError, collect, find_course, grade
+from course_utils.instructor.grade_report import one_line_reason, tampering
+from course_utils.instructor.grading_cluster import RUN_MARK, kill_marked, marked_processes
+from course_utils.notebook_cells import nbgrader_meta
 
 CELL_TIMEOUT = 30
 NOTEBOOK_TIMEOUT = 150
@@ -322,7 +314,7 @@ STOPPED = {t: r"^RuntimeError: Client cannot be used after its sockets have been
 #: the cell limit) overlaps the class run; the result comes back pickled.
 HANG_RUN = """
 import pickle, sys
-from course_utils.instructor.grade import grade
+from course_utils.instructor.autograde import grade
 lines = []
 def progress(msg):
     lines.append(msg)

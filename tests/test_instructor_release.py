@@ -13,13 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils.instructor.grading import (
-    execute_until_last_test,
-    grade_outcomes,
-    graded_test_ids,
-    nbgrader_meta,
-)
-from course_utils.instructor.release import (
+from course_utils.assignments.release import (
     FOLDERS,
     ReleaseError,
     assignment_id,
@@ -32,6 +26,12 @@ from course_utils.instructor.release import (
     stub_hint,
     unit_of,
 )
+from course_utils.instructor.graded_tests import (
+    execute_until_last_test,
+    grade_outcomes,
+    graded_test_ids,
+)
+from course_utils.notebook_cells import nbgrader_meta
 
 UNITS = lesson_notebooks()
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def test_course_commands_are_thin_faces(tmp_path, capsys):
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
-    from course_utils.instructor.release import ENV_CACHE, cache_dir
+    from course_utils.assignments.release import ENV_CACHE, cache_dir
 
     monkeypatch.setenv(ENV_CACHE, str(tmp_path / "c"))
     assert cache_dir() == tmp_path / "c"

@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from course_utils.assignments.release import lesson_notebooks, read_nb, secret_lines, unit_of
 from course_utils.instructor import slides
-from course_utils.instructor.release import lesson_notebooks, read_nb, secret_lines, unit_of
 from tests.rigs import browser as rig
 
 chromium = rig.chromium

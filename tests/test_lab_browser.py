@@ -30,7 +30,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils.instructor import grading, home, kernelspec, workspace
+from course_utils import notebook_cells
+from course_utils.assignments import lessons
+from course_utils.learner import home, kernelspec, workspace
 from tests.rigs import browser as rig
 
 chromium = rig.chromium
@@ -58,12 +60,12 @@ class LearnerLab:
 
 def solve(copy: Path, exercises_wanted: set[str] | None = None) -> nbformat.NotebookNode:
     """The learner's copy with the instructor's solution in each exercise cell (markers gone)."""
-    nb = grading.read(copy)
-    source = grading.read(grading.NOTEBOOK_DIR / copy.name)
-    solved = {grading.nbgrader_meta(c)["grade_id"]: c.source for c in source.cells
-              if grading.is_solution_cell(c)}
+    nb = lessons.read(copy)
+    source = lessons.read(lessons.NOTEBOOK_DIR / copy.name)
+    solved = {notebook_cells.nbgrader_meta(c)["grade_id"]: c.source for c in source.cells
+              if notebook_cells.is_solution_cell(c)}
     for cell in nb.cells:
-        gid = grading.nbgrader_meta(cell).get("grade_id", "")
+        gid = notebook_cells.nbgrader_meta(cell).get("grade_id", "")
         if gid in solved and (exercises_wanted is None
                               or workspace.exercise_of(gid) in exercises_wanted):
             cell.source = "\n".join(ln for ln in solved[gid].splitlines()
@@ -73,7 +75,7 @@ def solve(copy: Path, exercises_wanted: set[str] | None = None) -> nbformat.Note
 
 
 def only_cells(nb: nbformat.NotebookNode, grade_ids: tuple[str, ...]) -> nbformat.NotebookNode:
-    by_id = {grading.nbgrader_meta(c).get("grade_id"): c for c in nb.cells}
+    by_id = {notebook_cells.nbgrader_meta(c).get("grade_id"): c for c in nb.cells}
     missing = [g for g in grade_ids if g not in by_id]
     assert not missing, f"unit 3 has no cells {missing}: update UNIT3_CELLS"
     nb.cells = [by_id[g] for g in grade_ids]
@@ -124,14 +126,14 @@ def test_home_lists_units_cluster_and_status(chromium, learner_lab, browser_scre
     assert "2 ranks" in text and "not run yet" in text, text[:2000]
     assert "Distributed training course" in text  # the kernel the page runs on
     # The learner's copy has stubs, not solutions, and no hidden tests.
-    mine = grading.read(lab.workdir / UNIT3)
-    solutions = [c.source for c in mine.cells if grading.is_solution_cell(c)]
+    mine = lessons.read(lab.workdir / UNIT3)
+    solutions = [c.source for c in mine.cells if notebook_cells.is_solution_cell(c)]
     assert solutions and all("raise NotImplementedError(" in s for s in solutions)
-    source = grading.read(grading.NOTEBOOK_DIR / UNIT3)
-    hidden = [ln.strip() for c in source.cells if grading.is_test_cell(c)
+    source = lessons.read(lessons.NOTEBOOK_DIR / UNIT3)
+    hidden = [ln.strip() for c in source.cells if notebook_cells.is_test_cell(c)
               for region in re.findall(r"BEGIN HIDDEN TESTS\n(.*?)### END", c.source, re.S)
               for ln in region.splitlines() if ln.strip()]
-    visible = "\n".join(c.source for c in mine.cells if grading.is_test_cell(c))
+    visible = "\n".join(c.source for c in mine.cells if notebook_cells.is_test_cell(c))
     assert hidden and not [ln for ln in hidden if ln in visible]
     rig.screenshot(chromium, "1-home-page")
     rig.scroll_to_cell(chromium, 3)

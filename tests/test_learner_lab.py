@@ -17,14 +17,15 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from course_utils import cli
+from course_utils import cli, notebook_cells
+from course_utils.assignments import lessons
 from course_utils.cluster import pxoutput
 from course_utils.cluster.ranks import RankInfo, RankMap
 from course_utils.errors import CourseError
-from course_utils.instructor import grading, home, kernelspec, lab, labpanel, workspace
+from course_utils.learner import home, kernelspec, lab, labpanel, workspace
 
-UNIT0 = grading.NOTEBOOK_DIR / "00_cluster_tour.ipynb"
-UNIT3 = grading.NOTEBOOK_DIR / "03_pytorch_ddp.ipynb"
+UNIT0 = lessons.NOTEBOOK_DIR / "00_cluster_tour.ipynb"
+UNIT3 = lessons.NOTEBOOK_DIR / "03_pytorch_ddp.ipynb"
 
 
 def rank_map(engine_ids: list[int]) -> RankMap:
@@ -46,7 +47,7 @@ def sources(tmp_path) -> list[Path]:
 
 
 def edit_source(path: Path, text: str) -> None:
-    nb = grading.read(path)
+    nb = lessons.read(path)
     nb.cells.append(nbformat.v4.new_markdown_cell(text))
     nbformat.write(nb, str(path))
 
@@ -151,29 +152,29 @@ def test_doctor_checks_the_kernel(kernel_prefix, monkeypatch):
     find = kernelspec.find_spec  # only the test's prefix: the session installed one in sys.prefix
     monkeypatch.setattr(kernelspec, "find_spec", lambda: find(
         [str(kernel_prefix / "share" / "jupyter" / "kernels")]))
-    check = kernelspec.doctor_check()
+    check = kernelspec.kernel_health()
     assert not check.ok and kernelspec.KERNEL_NAME in check.detail and "course kernel" in check.fix
     kernelspec.install()
-    check = kernelspec.doctor_check()
-    assert check.ok and sys.executable in check.detail, check.line()
+    check = kernelspec.kernel_health()
+    assert check.ok and sys.executable in check.detail, check
     spec = kernelspec.kernel_dir() / "kernel.json"
     broken = json.loads(spec.read_text())
     broken["argv"][0] = "/no/such/python"
     spec.write_text(json.dumps(broken))
-    check = kernelspec.doctor_check()
+    check = kernelspec.kernel_health()
     assert not check.ok and "does not exist" in check.detail
     # course doctor runs it with its other checks
     from course_utils.instructor import doctor
 
-    monkeypatch.setattr(doctor, "_version_check", lambda m, label, v=(): doctor.Check(label, True,
-                                                                                       "x"))
+    monkeypatch.setattr(doctor, "version_check", lambda m, label, v=(): doctor.Check(label, True,
+                                                                                      "x"))
     monkeypatch.setattr(doctor, "check_cluster", lambda *a, **k: [])
     names = [c.name for c in doctor.run_checks(tf=False, emit=lambda line: None)]
     assert "kernel" in names
 
 
 def test_set_kernelspec():
-    nb = grading.read(UNIT0)
+    nb = lessons.read(UNIT0)
     assert kernelspec.set_kernelspec(nb) is nb
     assert nb.metadata.kernelspec == {"name": "dist-training-course", "language": "python",
                                       "display_name": "Distributed training course"}
@@ -185,7 +186,7 @@ def test_set_kernelspec():
 @pytest.fixture(autouse=True, scope="module")
 def release_cache(tmp_path_factory):
     """One cache of released student notebooks for this module (not the user's ~/.cache)."""
-    from course_utils.instructor import release
+    from course_utils.assignments import release
 
     mp = pytest.MonkeyPatch()
     mp.setenv(release.ENV_CACHE, str(tmp_path_factory.mktemp("release-cache")))
@@ -194,41 +195,41 @@ def release_cache(tmp_path_factory):
 
 
 def test_learner_version_has_stubs_no_hidden_tests_and_the_course_kernel():
-    source = grading.read(UNIT3)
+    source = lessons.read(UNIT3)
     mine = workspace.learner_version(UNIT3)
     assert len(mine.cells) == len(source.cells)
     text = nbformat.writes(mine)
     assert "BEGIN SOLUTION" not in text and "BEGIN HIDDEN TESTS" not in text
     assert "the same epoch must give the same order" not in text  # a hidden assert
     for cell in mine.cells:
-        if grading.is_solution_cell(cell) and cell.cell_type == "code":
+        if notebook_cells.is_solution_cell(cell) and cell.cell_type == "code":
             assert re.search(r"raise NotImplementedError\(['\"].+: replace this line", cell.source)
-        if grading.is_test_cell(cell):
+        if notebook_cells.is_test_cell(cell):
             assert cell.metadata.get("editable") is False  # locked, as nbgrader releases them
-            assert grading.nbgrader_meta(cell).get("checksum")
+            assert notebook_cells.nbgrader_meta(cell).get("checksum")
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None
     assert mine.metadata.kernelspec.name == kernelspec.KERNEL_NAME
-    assert grading.read(UNIT3) == source  # source untouched
+    assert lessons.read(UNIT3) == source  # source untouched
 
 
 def test_the_learners_copy_is_the_student_notebook_a_release_hands_out(tmp_path, sources):
     """``course lab``'s copy of a unit = ``course release``'s student notebook: the same cells,
     stub hints and nbgrader metadata with checksums; only the kernel differs (the course's)."""
-    from course_utils.instructor.release import read_nb, release, student_notebook
+    from course_utils.assignments.release import read_nb, release, student_notebook
 
     unit0 = sources[0]
     released = read_nb(release(tmp_path / "course", units=[0],
                                notebook_dir=unit0.parent).units[0].release)
     workspace.sync(tmp_path / "work", [unit0])
-    mine = grading.read(tmp_path / "work" / unit0.name)
+    mine = lessons.read(tmp_path / "work" / unit0.name)
     assert mine.cells == released.cells
     assert {k: v for k, v in mine.metadata.items() if k != "kernelspec"} == {
         k: v for k, v in released.metadata.items() if k != "kernelspec"}
     assert mine.metadata.kernelspec.name == kernelspec.KERNEL_NAME
-    locked = [c for c in mine.cells if grading.nbgrader_meta(c).get("locked")]
-    assert locked and all(grading.nbgrader_meta(c).get("checksum") for c in locked)
-    stubs = [c.source for c in mine.cells if grading.is_solution_cell(c)]
+    locked = [c for c in mine.cells if notebook_cells.nbgrader_meta(c).get("locked")]
+    assert locked and all(notebook_cells.nbgrader_meta(c).get("checksum") for c in locked)
+    stubs = [c.source for c in mine.cells if notebook_cells.is_solution_cell(c)]
     assert stubs and all(re.search(r"raise NotImplementedError\(['\"]", s) for s in stubs), stubs
     assert any("Exercise 1" in s for s in stubs)
     # Cached: a second copy is read, not released again; a changed source is released anew.
@@ -247,8 +248,8 @@ def test_sync_adds_keeps_replaces_offers_and_restores(tmp_path, sources):
     assert workspace.sync(wd, sources).unchanged == [unit0, unit3]
     # A change in a solution or a hidden test does not change what the learner gets.
     src3 = sources[1]
-    nb3 = grading.read(src3)
-    sol = next(c for c in nb3.cells if grading.nbgrader_meta(c).get("grade_id") == "ex1-solution")
+    nb3 = lessons.read(src3)
+    sol = notebook_cells.find_cell(nb3.cells, "ex1-solution")
     assert "drop_last=True" in sol.source  # inside ex1's solution region
     sol.source = sol.source.replace("drop_last=True", "drop_last = True")
     nbformat.write(nb3, str(src3))
@@ -258,7 +259,7 @@ def test_sync_adds_keeps_replaces_offers_and_restores(tmp_path, sources):
     assert workspace.sync(wd, sources).replaced == [unit0]
     assert "A new paragraph." in (wd / unit0).read_text()
     # The learner saved unit 0, then the course changed it again: offered beside, copy kept.
-    mine = grading.read(wd / unit0)
+    mine = lessons.read(wd / unit0)
     mine.cells[0].source += "\n\nmy note"
     nbformat.write(mine, str(wd / unit0))
     kept = (wd / unit0).read_bytes()
@@ -293,7 +294,7 @@ def test_sync_adopts_files_it_did_not_write(tmp_path, sources):
                                                                         ".updated.ipynb"))]
     edit_source(sources[0], "changed")  # never replaced: we did not write it
     assert workspace.sync(wd, sources).offered
-    assert grading.read(wd / sources[0].name).cells == []
+    assert lessons.read(wd / sources[0].name).cells == []
 
 
 def test_a_broken_manifest_is_a_clear_error(tmp_path, sources):
@@ -318,7 +319,7 @@ def test_units_exercises_and_test_states(tmp_path, sources):
     assert workspace.find_unit(wd, "00") == workspace.find_unit(wd, "00_cluster_tour")
     with pytest.raises(workspace.WorkspaceError, match="units: 00_cluster_tour"):
         workspace.find_unit(wd, "7")
-    nb = grading.read(wd / sources[1].name)
+    nb = lessons.read(wd / sources[1].name)
     found = workspace.exercises(nb)
     assert sorted(found) == ["ex1", "ex2", "ex3", "predict"]
     assert all(v["tests"] for v in found.values())
@@ -349,7 +350,7 @@ def test_solution_only_after_the_visible_test_ran(tmp_path, sources):
     assert "Ctrl-S" in str(caught.value)
     with pytest.raises(workspace.WorkspaceError, match=r"no exercise 'ex9' \(exercises: ex1"):
         workspace.reveal_solution(wd, "3", "ex9", source_dir=sources[0].parent)
-    nb = grading.read(wd / sources[1].name)
+    nb = lessons.read(wd / sources[1].name)
     test = nb.cells[workspace.exercises(nb)["ex2"]["tests"][0]]
     test.outputs = [nbformat.v4.new_output("error", ename="NotImplementedError", evalue="",
                                            traceback=[])]
@@ -365,7 +366,7 @@ def test_solution_only_after_the_visible_test_ran(tmp_path, sources):
 
 def test_every_unit_states_its_time_and_objectives():
     infos = home.units()
-    assert [i.file for i in infos] == [p.name for p in grading.source_notebooks()]
+    assert [i.file for i in infos] == [p.name for p in lessons.source_notebooks()]
     for info in infos:
         assert info.number >= 0 and info.title.startswith(f"Unit {info.number}"), info
         assert info.minutes and 10 <= info.minutes <= 180, info
@@ -375,7 +376,7 @@ def test_every_unit_states_its_time_and_objectives():
 
 
 def test_set_unit_metadata_round_trips():
-    nb = grading.read(UNIT3)
+    nb = lessons.read(UNIT3)
     parsed = home.unit_info(nb, UNIT3.name)
     home.set_unit_metadata(nb, UNIT3.name)
     assert nb.metadata.course["minutes"] == 120 and nb.metadata.course["objectives"]
@@ -385,13 +386,13 @@ def test_set_unit_metadata_round_trips():
 
 def test_marking_the_sources_changes_only_their_metadata(tmp_path):
     """What the lead applies to notebooks/ (lab.mark_source_notebook); nbval still runs them."""
-    for path in grading.source_notebooks():
-        nb = grading.read(path)
+    for path in lessons.source_notebooks():
+        nb = lessons.read(path)
         before = [dict(c) for c in nb.cells]
         lab.mark_source_notebook(nb, path.name)
         assert [dict(c) for c in nb.cells] == before
         assert nb.metadata.kernelspec.name == kernelspec.KERNEL_NAME
-        assert home.unit_info(nb, path.name) == home.unit_info(grading.read(path), path.name)
+        assert home.unit_info(nb, path.name) == home.unit_info(lessons.read(path), path.name)
     tiny = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import course_utils")])
     kernelspec.set_kernelspec(tiny)
     tiny.metadata.kernelspec.name = "a-kernel-nobody-installed"  # nbval must not need it
@@ -433,7 +434,7 @@ def test_write_home_reads_the_recorded_cluster_and_status(tmp_path, sources):
     assert "**not running**" in home.cluster_markdown(facts)
     assert "No cluster recorded" in home.cluster_markdown(None)
     path = home.write_home(wd, sources)
-    text = "\n".join(c.source for c in grading.read(path).cells)
+    text = "\n".join(c.source for c in lessons.read(path).cells)
     assert "cluster id `pytest-x`" in text and text.count("not run yet") == 2
     manifest = workspace.load_manifest(wd)
     manifest["solutions_shown"][sources[0].name] = ["ex1"]
@@ -469,16 +470,16 @@ def test_course_home_solution_and_kernel_commands(tmp_path, sources, kernel_pref
 
 def test_prepare_serves_the_learners_folder_or_the_source(tmp_path, kernel_prefix):
     lines: list[str] = []
-    plan = lab.prepare(str(tmp_path / "w"), False, grading.NOTEBOOK_DIR, emit=lines.append)
+    plan = lab.prepare(str(tmp_path / "w"), False, lessons.NOTEBOOK_DIR, emit=lines.append)
     assert plan.root == tmp_path / "w" and not plan.source
     assert f"--LabApp.default_url=/lab/tree/{home.HOME_NAME}" in plan.jupyter_args
     assert labpanel.jupyter_args()[0] in plan.jupyter_args
     assert any("installed in" in ln for ln in lines) and any("added 00_" in ln for ln in lines)
-    src = lab.prepare(None, True, grading.NOTEBOOK_DIR, emit=lines.append)
-    assert src.root == grading.NOTEBOOK_DIR and src.source
+    src = lab.prepare(None, True, lessons.NOTEBOOK_DIR, emit=lines.append)
+    assert src.root == lessons.NOTEBOOK_DIR and src.source
     assert "INSTRUCTOR'S SOURCE" in lines[-1] and "already in" in lines[-2]
     src.started(object())  # nothing to write for the source
-    assert not (grading.NOTEBOOK_DIR / home.HOME_NAME).exists()
+    assert not (lessons.NOTEBOOK_DIR / home.HOME_NAME).exists()
     parsed = cli.build_parser().parse_args(["lab", "--source", "--workdir", "x", "--", "--y"])
     assert parsed.source and parsed.workdir == "x"
 
@@ -508,3 +509,13 @@ def test_px_output_is_labelled_by_rank_in_any_kernel():
                    for o in nb.cells[1].outputs)
     for r in (0, 1):
         assert re.search(rf"\[rank {r}, engine \d+\]\s*hello from rank {r}", text), text
+
+
+def test_the_learners_app_never_imports_the_instructors_tools():
+    """The instructor package's promise: learners never import it (what ``course lab`` runs)."""
+    code = ("import sys\nfrom course_utils.learner import home, kernelspec, lab, labpanel, "
+            "workspace\n"
+            "print(sorted(m for m in sys.modules if m.startswith('course_utils.instructor')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]"

@@ -23,13 +23,9 @@ from types import ModuleType
 
 import pytest
 
-from course_utils.instructor.grading import (
-    NOTEBOOK_DIR,
-    is_test_cell,
-    nbgrader_meta,
-    read,
-    with_solution,
-)
+from course_utils.assignments.lessons import NOTEBOOK_DIR, read
+from course_utils.instructor.graded_tests import with_solution
+from course_utils.notebook_cells import is_test_cell, nbgrader_meta
 
 MISTAKE_DIR = Path(__file__).parent / "mistakes"
 MISTAKES = sorted(MISTAKE_DIR.glob("u*.py"))

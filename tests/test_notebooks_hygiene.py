@@ -7,13 +7,8 @@ import re
 import nbformat
 import pytest
 
-from course_utils.instructor.grading import (
-    is_solution_cell,
-    is_test_cell,
-    nbgrader_meta,
-    read,
-    source_notebooks,
-)
+from course_utils.assignments.lessons import read, source_notebooks
+from course_utils.notebook_cells import is_solution_cell, is_test_cell, nbgrader_meta
 
 NOTEBOOKS = source_notebooks()
 IDS = [p.name for p in NOTEBOOKS]

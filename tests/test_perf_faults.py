@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from course_utils.instructor.grading import NOTEBOOK_DIR
+from course_utils.assignments.lessons import NOTEBOOK_DIR
 from course_utils.torch_dist import faults, perf
 
 
@@ -97,7 +97,7 @@ def test_tiny_run_resumes_exactly():
     pytest.importorskip("torch")
     import copy
 
-    from course_utils.checks.faults import tiny_run
+    from course_utils.checks.watchdog_and_save import tiny_run
 
     states = []
     full = tiny_run(0, 5, lambda s: states.append(copy.deepcopy(s)))  # a snapshot, as a file is
@@ -130,8 +130,8 @@ def test_join_elastic_stops_torchrun_and_its_workers_at_the_timeout(tmp_path):
 
 def test_atomic_save_child_really_dies_mid_save(tmp_path):
     torch = pytest.importorskip("torch")
-    from course_utils.checks import faults as probes
-    from course_utils.checks.faults import tiny_run
+    from course_utils.checks import watchdog_and_save as probes
+    from course_utils.checks.watchdog_and_save import tiny_run
 
     tiny_run(0, 3, lambda s: None)   # the parent used torch's thread pool before the fork
 

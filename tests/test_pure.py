@@ -304,7 +304,7 @@ def test_import_guard_installs_once():
 def test_with_solution_replaces_only_the_region_and_keeps_indent():
     from nbformat.v4 import new_code_cell, new_notebook
 
-    from course_utils.instructor.grading import with_solution
+    from course_utils.instructor.graded_tests import with_solution
 
     cell = new_code_cell("def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n")
     cell.metadata["nbgrader"] = {"grade_id": "ex", "solution": True}

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 from conftest import RERUN_PLANS
-from course_utils.instructor.grading import NOTEBOOK_DIR, nbgrader_meta, read, source_notebooks
+from course_utils.assignments.lessons import NOTEBOOK_DIR, read, source_notebooks
+from course_utils.notebook_cells import nbgrader_meta
 
 
 def test_every_notebook_has_a_rerun_plan_that_runs_it_whole_first():

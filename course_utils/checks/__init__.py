@@ -7,18 +7,14 @@ function under observation and returns plain data for the test cell's asserts.
 from __future__ import annotations
 
 from .capstone import check_tf_capstone, engine_check_capstone, engine_check_resume
-from .collectives import (
-    engine_check_all_reduce,
-    engine_check_point_to_point_only,
-    learner_line,
-    ring_problem,
-)
+from .common import learner_line
 from .data_parallel import dp_step_problem, engine_check_dp_step
-from .faults import engine_check_atomic_save, engine_check_watchdog
 from .feedback import feedback
 from .performance import engine_check_overlap_dp
+from .ring_allreduce import engine_check_all_reduce, engine_check_point_to_point_only, ring_problem
 from .tf_graph import engine_check_train_graph, engine_tf_one_step, engine_tf_servers
 from .training import engine_check_checkpoint, engine_check_ddp, engine_check_sampler
+from .watchdog_and_save import engine_check_atomic_save, engine_check_watchdog
 
 __all__ = ["check_tf_capstone", "dp_step_problem", "engine_check_all_reduce",
            "engine_check_atomic_save", "engine_check_capstone", "engine_check_checkpoint",

@@ -1,7 +1,5 @@
-"""What every engine-side probe of ``checks`` starts with: find the learner's ``%%px`` object.
-
-Shared by the probes of units 7-9 (``performance``, ``faults``, ``capstone``).
-"""
+"""What the engine-side probes of ``checks`` share: find the learner's ``%%px`` object, and
+name the learner's own line in an error."""
 
 from __future__ import annotations
 
@@ -18,3 +16,20 @@ def learner(name: str) -> Any:
     if name not in ns:
         raise NameError(f"{name!r} is not defined on this engine: run the cells above first")
     return ns[name]
+
+
+def learner_line(exc: BaseException) -> str:
+    """The learner's last line in ``exc``'s traceback (a ``%%px`` cell's frame), or ``""``.
+
+    Library frames (torch, ipyparallel, this package) are skipped, so the line shown is one
+    the learner wrote.
+    """
+    import traceback
+
+    skip = ("site-packages", "dist-packages", "course_utils", "/lib/python", "<frozen")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not any(s in (f.filename or "") for s in skip)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f"line {f.lineno} of your cell: {(f.line or '').strip()}"

@@ -53,7 +53,7 @@ def engine_check_dp_step(fn_name: str = "data_parallel_step", lr: float = 0.5,
             losses.append(fn(model, opt, x[idx], y[idx]))
             weights.append(flat_params(model))
     except Exception as exc:
-        from .collectives import learner_line
+        from .common import learner_line
 
         error = f"{type(exc).__name__}: {exc}".splitlines()[0] + f" ({learner_line(exc)})"
     g1, loss1 = grad_at(w0, full[0])

@@ -20,8 +20,6 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
     launch and the end of ``backward()`` (positive: communication started before backward
     ended), plus the median step times of the three versions.
     """
-    import statistics
-
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
@@ -31,7 +29,7 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
     from ..torch_dist.train import flat_params
 
     cls = learner(cls_name)
-    rank, p = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     gen = torch.Generator().manual_seed(100 + rank)
     data = [(torch.randn(batch, width, generator=gen),
              torch.randint(0, 10, (batch,), generator=gen))
@@ -44,51 +42,11 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
         F.cross_entropy(ref(x), y).backward()
         ref_opt.step()
 
-    real = dist.all_reduce
-    launches: list[tuple[float, bool]] = []
-
-    def spy(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        is_async = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
-        launches.append((time.perf_counter(), is_async))
-        return real(tensor, *args, **kwargs)
-
     model = timeline_mlp(width, depth, seed=rank)  # different start: the class must broadcast
     ours = cls(model, bucket_cap_mb=bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    per_step: list[dict[str, Any]] = []
-    dist.all_reduce = spy
-    try:
-        for x, y in data[:steps]:
-            opt.zero_grad()
-            launches.clear()
-            loss = F.cross_entropy(ours.model(x), y)
-            loss.backward()
-            back_end = time.perf_counter()
-            ours.sync()
-            opt.step()
-            per_step.append({"launches": len(launches),
-                             "async": sum(a for _, a in launches),
-                             "lead_s": (back_end - launches[0][0]) if launches else None})
-    finally:
-        dist.all_reduce = real
+    per_step = _spied_steps(ours, opt, data[:steps])
     diff = float((flat_params(model) - flat_params(ref.module)).abs().max())
-
-    def blocking_step(m: Any, o: Any, x: Any, y: Any) -> None:  # unit 2's data_parallel_step
-        o.zero_grad()
-        F.cross_entropy(m(x), y).backward()
-        for prm in m.parameters():
-            dist.all_reduce(prm.grad)
-            prm.grad /= p
-        o.step()
-
-    def median_step(step: Any) -> float:
-        times = []
-        for x, y in data[:timing_steps + 1]:
-            dist.barrier()
-            t0 = time.perf_counter()
-            step(x, y)
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times[1:])
 
     def ours_step(x: Any, y: Any) -> None:
         opt.zero_grad()
@@ -103,8 +61,72 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
 
     plain = timeline_mlp(width, depth, seed=0)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.05)
-    times = {"overlap_dp": median_step(ours_step),
-             "blocking": median_step(lambda x, y: blocking_step(plain, plain_opt, x, y)),
-             "ddp": median_step(ddp_step)}
+    timed = data[:timing_steps + 1]
+    times = {"overlap_dp": _median_step(ours_step, timed),
+             "blocking": _median_step(lambda x, y: _blocking_step(plain, plain_opt, x, y),
+                                      timed),
+             "ddp": _median_step(ddp_step, timed)}
     return {"rank": rank, "max_weight_diff": diff, "steps": per_step,
             "n_params": len(list(model.parameters())), "step_s": times}
+
+
+def _spied_steps(ours: Any, opt: Any, data: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
+    """SGD steps of the learner's class with ``dist.all_reduce`` spied on: per step, how many
+    launches, how many async, and how long before backward's end the first one started."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    real = dist.all_reduce
+    launches: list[tuple[float, bool]] = []
+
+    def spy(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        is_async = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
+        launches.append((time.perf_counter(), is_async))
+        return real(tensor, *args, **kwargs)
+
+    per_step: list[dict[str, Any]] = []
+    dist.all_reduce = spy
+    try:
+        for x, y in data:
+            opt.zero_grad()
+            launches.clear()
+            loss = F.cross_entropy(ours.model(x), y)
+            loss.backward()
+            back_end = time.perf_counter()
+            ours.sync()
+            opt.step()
+            per_step.append({"launches": len(launches),
+                             "async": sum(a for _, a in launches),
+                             "lead_s": (back_end - launches[0][0]) if launches else None})
+    finally:
+        dist.all_reduce = real
+    return per_step
+
+
+def _blocking_step(m: Any, o: Any, x: Any, y: Any) -> None:
+    """Unit 2's ``data_parallel_step``: backward, then one blocking all_reduce per gradient."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    o.zero_grad()
+    F.cross_entropy(m(x), y).backward()
+    p = dist.get_world_size()
+    for prm in m.parameters():
+        dist.all_reduce(prm.grad)
+        prm.grad /= p
+    o.step()
+
+
+def _median_step(step: Any, data: list[tuple[Any, Any]]) -> float:
+    """The median seconds of ``step(x, y)`` over ``data``, the first (warm-up) step left out."""
+    import statistics
+
+    import torch.distributed as dist
+
+    times = []
+    for x, y in data:
+        dist.barrier()
+        t0 = time.perf_counter()
+        step(x, y)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])

@@ -1,4 +1,6 @@
-"""The instructor's side behind the ``course`` command: grading, doctor, benchmarks.
+"""The instructor's side behind the ``course`` command: release, grade, feedback, slides,
+doctor, benchmarks, the figure gallery.
 
-Learners never import these; notebooks do not need them.
+Learners never import these; notebooks and the learner's app (:mod:`course_utils.learner`)
+do not need them.
 """

@@ -21,9 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import CourseError
+from ..settings import course_root
 
 DEFAULT_COURSE = "course"
-SLIDES_DIR = Path(__file__).resolve().parents[2] / "slides"  # = slides.SLIDES_DIR, no import
+SLIDES_DIR = course_root() / "slides"  # = slides.SLIDES_DIR, without importing slides
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -61,7 +62,7 @@ def _add(sub: argparse._SubParsersAction, name: str, func: Command, help: str, *
 
 
 def cmd_release(args: argparse.Namespace) -> int:
-    from .release import release
+    from ..assignments.release import release
 
     rel = release(args.outdir, units=args.unit, notebook_dir=args.notebooks)
     print(rel.table())
@@ -71,7 +72,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    from .grade import grade
+    from .autograde import grade
 
     res = grade(args.submissions, course=args.course, units=args.unit,
                 cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,

@@ -35,7 +35,8 @@ class Check:
         return text
 
 
-def _version_check(module: str, label: str, minimum: tuple[int, ...] = ()) -> Check:
+def version_check(module: str, label: str, minimum: tuple[int, ...] = ()) -> Check:
+    """``module`` imports and is at least ``minimum`` (a version tuple)."""
     try:
         mod = importlib.import_module(module)
     except Exception as exc:  # ImportError, or a broken install raising anything
@@ -179,30 +180,25 @@ def _rank_sum() -> float:
 
 
 def run_checks(engines: int = 2, timeout: float = 60, tf: bool = True,
-               emit: Callable[[str], None] = print, profile: str | None = None) -> list[Check]:
+               emit: Callable[[str], None] = print) -> list[Check]:
+    """``course doctor``: versions, hardware, the learner's kernel, then a real cluster.
+    (``course doctor --profile``: :func:`.doctor_slurm.profile_checks`.)"""
     results: list[Check] = []
 
     def add(c: Check) -> None:
         results.append(c)
         emit(c.line())
 
-    if profile is not None:  # e.g. a Slurm profile: its own checks, then its engines
-        from .doctor_slurm import profile_checks
-
-        for c in profile_checks(profile, engines, timeout, tf):
-            add(c)
-        return results
-
     add(check_python())
-    add(_version_check("ipyparallel", "ipyparallel", (9,)))
-    add(_version_check("torch", "torch", (2, 4)))
-    add(_version_check("torchvision", "torchvision"))
+    add(version_check("ipyparallel", "ipyparallel", (9,)))
+    add(version_check("torch", "torch", (2, 4)))
+    add(version_check("torchvision", "torchvision"))
     if tf:
         add(check_tensorflow())
     add(check_hardware())
-    from .kernelspec import doctor_check as check_kernel  # the learner's Jupyter kernel
+    from ..learner.kernelspec import kernel_health  # the learner's Jupyter kernel
 
-    add(check_kernel())
+    add(Check("kernel", *kernel_health()))
     torch_ok = all(c.ok for c in results if c.name in ("torch", "ipyparallel"))
     tf_ok = tf and all(c.ok for c in results if c.name == "tensorflow")
     if torch_ok:

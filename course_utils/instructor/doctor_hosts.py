@@ -35,12 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from ..cluster.profiles import ClusterProfile, HostSpec, load_profile
+from ..settings import course_root
+from . import host_programs
+from .host_programs.probe import course_version
 
 #: ssh options the doctor adds after the profile's own: fail fast on an unreachable host.
 DOCTOR_SSH = ("-o", "ConnectTimeout=5", "-o", "BatchMode=yes")
 #: Distributions whose versions must match the controller's.
 PACKAGES = {"torch": "torch", "tensorflow": "tensorflow", "ipyparallel": "ipyparallel"}
-COURSE_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -63,87 +65,6 @@ class HostCheck:
         if self.status == "FAIL" and self.fix:
             text += f" -> fix: {self.fix}"
         return text
-
-
-# ---- what runs on each host (stdin of `ssh HOST PYTHON -`) ---------------------------------
-PROBE = r'''
-import importlib.metadata as md, importlib.util, json, os, re, socket, subprocess, sys
-args = json.loads(sys.argv[1])
-out = {"python": sys.version.split()[0], "executable": sys.executable, "versions": {},
-       "gpus": 0, "interfaces": {}, "shared": {}, "ports": {}}
-spec = importlib.util.find_spec("course_utils")
-if spec and spec.origin:
-    text = open(spec.origin).read()
-    m = re.search(r'__version__ = "([^"]+)"', text)
-    out["versions"]["course_utils"] = (m.group(1) if m else "?") + " at " + \
-        os.path.dirname(os.path.dirname(spec.origin))
-for label, dist in args["packages"].items():
-    try:
-        out["versions"][label] = md.version(dist)
-    except md.PackageNotFoundError:
-        out["versions"][label] = None
-try:
-    out["gpus"] = len(os.listdir("/proc/driver/nvidia/gpus"))
-except OSError:
-    pass
-try:
-    links = json.loads(subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True,
-                                      text=True, timeout=5).stdout or "[]")
-    out["interfaces"] = {l["ifname"]: [a["local"] for a in l.get("addr_info", [])] for l in links}
-except Exception as e:
-    out["interfaces_error"] = repr(e)
-for path, token in args["shared"].items():
-    try:
-        with open(os.path.join(path, args["marker"])) as f:
-            out["shared"][path] = f.read() == token
-    except OSError as e:
-        out["shared"][path] = "missing" if not os.path.isdir(path) else False
-for addr in args["connect"]:
-    host, port = addr.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=args["timeout"]).close()
-        out["ports"][addr] = "ok"
-    except OSError as e:
-        out["ports"][addr] = type(e).__name__ + ": " + str(e)
-print("@@PROBE" + json.dumps(out))
-'''
-
-LISTEN = r'''
-import socket, sys, time
-spare = socket.socket(); spare.bind((sys.argv[1], 0)); port2 = spare.getsockname()[1]
-spare.close()  # a second free port, never connected: the all_reduce's master port
-s = socket.socket()
-s.bind((sys.argv[1], 0)); s.listen(16)
-print("@@PORT", s.getsockname()[1], port2, flush=True)
-end = time.time() + float(sys.argv[2])
-left = int(sys.argv[3])  # exit once every host connected
-while left > 0 and time.time() < end:
-    s.settimeout(max(0.1, end - time.time()))
-    try:
-        c, _ = s.accept(); c.close(); left -= 1
-    except OSError:
-        break
-'''
-
-ALL_REDUCE = r'''
-import datetime, json, os, sys, time
-t0 = time.perf_counter()
-import torch, torch.distributed as dist
-a = json.loads(sys.argv[1])
-os.environ.update(a["env"])
-dist.init_process_group("gloo", init_method=f"tcp://{a['master']}", rank=a["rank"],
-                        world_size=a["world"], timeout=datetime.timedelta(seconds=a["timeout"]))
-t = torch.tensor([float(a["rank"] + 1)])
-dist.all_reduce(t)
-big = torch.ones(a["nbytes"] // 4)
-dist.barrier()
-t1 = time.perf_counter()
-dist.all_reduce(big)
-dt = time.perf_counter() - t1
-dist.destroy_process_group()
-print("@@AR" + json.dumps({"sum": float(t.item()), "seconds": dt, "big_ok": float(big[0]) ==
-      a["world"], "total": time.perf_counter() - t0}))
-'''
 
 
 class HostDoctor:
@@ -254,7 +175,7 @@ class HostDoctor:
 
         def one(h: HostSpec) -> tuple[int, str, str, float]:
             return self.ssh(h, f"{shlex.quote(self.python_of(h))} - {shlex.quote(args)}",
-                            stdin=PROBE, cap=40)
+                            stdin=host_programs.source("probe"), cap=40)
 
         for h, res in zip(self.ok_hosts, self.each(self.ok_hosts, one), strict=True):
             rc, out, err, dt = res if isinstance(res, tuple) else (1, "", repr(res), 0.0)
@@ -364,7 +285,7 @@ class HostDoctor:
         listener = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL, text=True)
         try:
-            listener.stdin.write(LISTEN)
+            listener.stdin.write(host_programs.source("listen"))
             listener.stdin.close()
             line = _readline(listener, self.left(15))
             if not line.startswith("@@PORT"):
@@ -423,7 +344,7 @@ class HostDoctor:
             a = json.dumps({"rank": i, "world": world, "master": f"{addr}:{port}", "env": env,
                             "timeout": pg_timeout, "nbytes": nbytes})
             return self.ssh(h, f"{shlex.quote(self.python_of(h))} - {shlex.quote(a)}",
-                            stdin=ALL_REDUCE,
+                            stdin=host_programs.source("all_reduce"),
                             cap=pg_timeout + 40)
 
         t0 = time.monotonic()
@@ -456,7 +377,7 @@ class HostDoctor:
         t0 = time.monotonic()
         marker = f".course-doctor-{secrets.token_hex(4)}"
         token = secrets.token_hex(8)
-        shared_paths = [str(COURSE_ROOT), *self.prof.shared_paths]
+        shared_paths = [str(course_root()), *self.prof.shared_paths]
         written = []
         listeners = []
         try:
@@ -496,14 +417,8 @@ def _readline(p: subprocess.Popen, timeout: float) -> str:
 def local_versions() -> dict[str, str | None]:
     """The controller's own versions, read the way the probe reads them on a host."""
     import importlib.metadata as md
-    import re
 
-    import course_utils
-
-    text = Path(course_utils.__file__).read_text()
-    m = re.search(r'__version__ = "([^"]+)"', text)
-    out: dict[str, str | None] = {"course_utils": (m.group(1) if m else "?")
-                                  + f" at {Path(course_utils.__file__).parent.parent}"}
+    out: dict[str, str | None] = {"course_utils": course_version()}
     for label, dist in PACKAGES.items():
         try:
             out[label] = md.version(dist)

@@ -9,8 +9,8 @@ Checks in order, each failure naming its fix; later checks are skipped once one 
    (tasks, CPUs/GPUs per engine, time, account) and says when and where it would start;
 5. ``tiny job``: ``srun -n1 true`` runs within a bounded time.
 
-:func:`course_utils.instructor.doctor.run_checks` then starts the engines with the profile
-(a real Slurm job) and runs a gloo all_reduce on them.
+:func:`profile_checks` then starts the engines with the profile (a real Slurm job) and runs
+a gloo all_reduce on them (:func:`course_utils.instructor.doctor.check_cluster`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from ..cluster import slurm
 from ..cluster.profiles import ClusterProfile, load_profile
 from ..errors import CourseError
-from .doctor import Check, _version_check, check_cluster, check_python
+from .doctor import Check, check_cluster, check_python, version_check
 
 PROGRAMS = ("sinfo", "srun", "sbatch", "squeue", "scancel", "scontrol")
 """Slurm client programs the course runs."""
@@ -163,8 +163,8 @@ def profile_checks(profile: str | ClusterProfile, engines: int = 2, timeout: flo
         yield Check("profile", False, exc.cause, exc.fix)
         return
     yield Check("profile", True, f"{prof.name} (launcher {prof.launcher})")
-    basics = [check_python(), _version_check("ipyparallel", "ipyparallel", (9,)),
-              _version_check("torch", "torch", (2, 4))]
+    basics = [check_python(), version_check("ipyparallel", "ipyparallel", (9,)),
+              version_check("torch", "torch", (2, 4))]
     yield from basics
     n = prof.engine_count(None) or engines
     ready = True

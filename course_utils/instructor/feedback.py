@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..assignments.release import load_config, run_app
 from ..errors import CourseError
-from .release import load_config, run_app
 
 
 class FeedbackError(CourseError):

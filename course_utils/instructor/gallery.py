@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cli import ROOT
+from ..notebook_cells import find_cell, source_text, without_px
+from ..settings import data_dir
 
-NOTEBOOKS = ROOT / "notebooks"
+NOTEBOOKS = data_dir("notebooks")
 
 
 @dataclass
@@ -54,7 +55,7 @@ def px_cells(notebook: str | Path, through: str) -> str:
     for cell in nb["cells"]:
         if cell["cell_type"] != "code":
             continue
-        src = "".join(cell["source"])
+        src = source_text(cell)
         lines = src.splitlines()
         if not lines or not lines[0].startswith("%%px"):
             continue
@@ -70,22 +71,12 @@ def px_code(notebook: str | Path, ids: list[str] | tuple[str, ...]) -> str:
     """The code of the cells of ``notebook`` named by ``ids`` (nbgrader ``grade_id``, else the
     cell id), in the order given, each without its ``%%px`` line. Stable across edits of the
     text around them, unlike "every ``%%px`` cell up to a definition"."""
-    nb = json.loads(Path(notebook).read_text())
-    by_id: dict[str, str] = {}
-    for cell in nb["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        src = "".join(cell["source"])
-        lines = src.splitlines()
-        code = "\n".join(lines[1:]) if lines and lines[0].startswith("%%px") else src
-        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        for key in (grade_id, cell.get("id")):
-            if key:
-                by_id.setdefault(key, code)
-    missing = [i for i in ids if i not in by_id]
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    found = {i: find_cell(cells, i, cell_type="code") for i in ids}
+    missing = [i for i, cell in found.items() if cell is None]
     if missing:
         raise LookupError(f"{Path(notebook).name} has no code cell with the id(s) {missing}")
-    return "\n\n".join(by_id[i] for i in ids)
+    return "\n\n".join(without_px(source_text(found[i])) for i in ids)
 
 
 #: Unit 4's cells that define ``build_graph``, ``original_graph`` and ``train`` on the engines.

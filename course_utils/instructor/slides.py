@@ -37,11 +37,12 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from ..assignments.release import lesson_notebooks, secret_lines, unit_of
 from ..errors import CourseError
-from .grading import nbgrader_meta
-from .release import lesson_notebooks, secret_lines, unit_of
+from ..notebook_cells import nbgrader_meta
+from ..settings import course_root
 
-SLIDES_DIR = Path(__file__).resolve().parents[2] / "slides"
+SLIDES_DIR = course_root() / "slides"
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TEMPLATE_NAME = "course_reveal"
 REVEAL_DIR = "reveal.js"
@@ -344,11 +345,11 @@ def execute_notebook(path: Path, cell_timeout: int = 300) -> NotebookNode:
 
     from nbclient import NotebookClient
 
-    from .grade import GradingCluster
+    from .grading_cluster import GradingCluster
 
     nb = nbformat.read(str(path), as_version=4)
     with GradingCluster() as gc, tempfile.TemporaryDirectory(prefix="course-slides-") as tmp:
-        gc.reset()
+        gc.restart()
         NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
                        resources={"metadata": {"path": tmp}}).execute()
     return nb
@@ -360,8 +361,8 @@ def write_metadata(units: list[int] | None = None, notebook_dir: str | Path | No
     types of :func:`assign_slide_metadata` (cell metadata), and the unit's time, objectives and
     prerequisites parsed from its intro plus the course's kernel (notebook metadata), which the
     course home and a learner's JupyterLab use. Sources and outputs are never changed."""
-    from .home import set_unit_metadata
-    from .kernelspec import set_kernelspec
+    from ..learner.home import set_unit_metadata
+    from ..learner.kernelspec import set_kernelspec
 
     say = progress or (lambda _msg: None)
     written = []

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .style import _plt, rank_color, styled, text_color
+from .style import pyplot, rank_color, styled, text_color
 
 #: One line per collective, as the cheat sheet states it (root = rank 0, op = sum).
 DEFINITIONS = {
@@ -59,7 +59,7 @@ def _strip(ax: Any, x0: float, y: float, values: Sequence[float] | None, owner: 
 def collectives_cheatsheet(records: Sequence[Mapping[str, Any]],
                            title: str | None = None) -> Any:
     """The seven collectives side by side: one row each, every rank before and after."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     recs = sorted(records, key=lambda r: r["rank"])

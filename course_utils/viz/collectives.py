@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .style import ROLE, _plt, styled
+from .style import ROLE, pyplot, styled
 
 
 @styled
@@ -17,7 +17,7 @@ def per_rank_tensors(before: Sequence[Any], after: Sequence[Any], title: str) ->
     ``before``/``after`` hold one array-like per rank (``None`` for a rank that holds nothing,
     e.g. a non-root rank after ``gather``).
     """
-    plt = _plt()
+    plt = pyplot()
     p = len(before)
     if len(after) != p:
         raise ValueError(f"before has {p} ranks, after has {len(after)}")
@@ -57,7 +57,7 @@ def per_rank_tensors(before: Sequence[Any], after: Sequence[Any], title: str) ->
 @styled
 def bandwidth_bars(busbw_by_name: Mapping[str, float], title: str) -> Any:
     """Horizontal bars of busbw (GB/s) per implementation."""
-    plt = _plt()
+    plt = pyplot()
     names = list(busbw_by_name)
     fig, ax = plt.subplots(figsize=(6.5, 0.6 * len(names) + 1.2))
     ax.barh(names, [busbw_by_name[n] for n in names], color=ROLE["ring"])
@@ -77,7 +77,7 @@ def ring_trace(records: Sequence[Mapping[str, Any]], title: str = "ring all-redu
 
     ``records`` is one dict per rank from :func:`course_utils.torch_dist.p2p.engine_record_ring`.
     """
-    plt = _plt()
+    plt = pyplot()
     p = len(records)
     steps = max((len(r["messages"]) for r in records), default=0)
     rows = ["before"] + [f"message {i + 1}" for i in range(steps)] + ["after"]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .style import ROLE, _plt, human_bytes, styled
+from .style import ROLE, human_bytes, pyplot, styled
 
 MODELS = ("ring", "tree", "ps")
 
@@ -87,7 +87,7 @@ def cost_model(nbytes: Sequence[float], seconds: Sequence[float], p: int,
     predicted ring, tree and parameter-server curves for ``p`` ranks. Right: the predicted time
     of the largest message as the number of ranks grows to ``max_p``.
     """
-    plt = _plt()
+    plt = pyplot()
     fit = fit or fit_alpha_beta(nbytes, seconds, p)
     n = np.asarray(nbytes, dtype=float)
     t = np.asarray(seconds, dtype=float)
@@ -147,7 +147,7 @@ def sweep_compare(nbytes: Sequence[float], series: dict[str, Sequence[float]], p
     ``dist.all_reduce`` and the learner's ring of ``01_collectives``). Left: time vs message
     size (log-log), with the ring prediction of ``fit`` if given. Right: busbw vs size, the
     bandwidth each link carried (``n/t · 2(p-1)/p``). ``series`` maps a name to seconds."""
-    plt = _plt()
+    plt = pyplot()
     n = np.asarray(nbytes, dtype=float)
     if not series:
         raise ValueError("series is empty: pass {name: seconds per size}")

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .style import ROLE, _plt, rank_color, styled
+from .style import ROLE, pyplot, rank_color, styled
 
 Rows = Sequence[Mapping[str, float]]
 
@@ -64,7 +64,7 @@ def live_training(rows_by_rank: Sequence[Rows], title: str = "training on every 
 
 
 def _new_figure(p: int, title: str) -> Any:
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     for r in range(p):
         axes[0].plot([], [], color=rank_color(r), label=f"rank {r}")
@@ -118,7 +118,7 @@ class LiveFigure:
         self.redraws = 0
         self._last = 0.0
         self._handle: Any = None
-        plt = _plt()
+        plt = pyplot()
         from cycler import cycler
 
         with plt.rc_context({**RC, "axes.prop_cycle": cycler(color=CYCLE)}):
@@ -154,7 +154,7 @@ class LiveFigure:
     def close(self) -> Any:
         """Draw the final state once more, show it, release it from pyplot; returns the figure."""
         _draw(self.fig, self.rows, self.title)
-        plt = _plt()
+        plt = pyplot()
         try:
             from IPython.display import display
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .style import _plt
+from .style import pyplot
 
 _HOST_COLOURS = ("#e8f0fb", "#fbefe3", "#e9f6ea", "#f4e9f7")
 
@@ -56,7 +56,7 @@ def cluster_picture(ranks: Sequence[Mapping[str, Any]], kernel_host: str | None 
     sit on ``kernel_host``/``controller_host`` (default: rank 0's host). Arrows: the kernel
     sends cells to the controller, which passes them to every engine.
     """
-    plt = _plt()
+    plt = pyplot()
     if not ranks:
         raise ValueError("no ranks to draw: pass cluster.ranks.to_dicts()")
     hosts: list[str] = []
@@ -135,7 +135,7 @@ def data_parallel_picture(shard_sizes: Sequence[int], batch: int,
     ``shard_sizes`` holds one shard size per rank (rank order); ``batch`` is the per-rank batch;
     ``n_examples`` (the dataset's size) adds how many examples the equal split dropped.
     """
-    plt = _plt()
+    plt = pyplot()
     p = len(shard_sizes)
     if p == 0 or batch <= 0:
         raise ValueError("need at least one shard and a positive batch size")

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .style import GREY, LIGHT, ROLE, _plt, human_bytes, rank_color, styled
+from .style import GREY, LIGHT, ROLE, human_bytes, pyplot, rank_color, styled
 
 Records = Sequence[Mapping[str, Any] | None]
 
@@ -95,7 +95,7 @@ def ps_traffic(runs: Mapping[str, Records], title: str | None = None) -> Any:
     """Left: bytes one step moves between each worker and each ps shard (pulled: variables to
     the worker; pushed: gradients to the ps), from the graph. Right: bytes through each ps shard
     over the run, async vs sync, as the steps really happened."""
-    plt = _plt()
+    plt = pyplot()
     names = _check_runs(runs)
     shards = _shards(runs)
     first = _workers(runs[names[0]])
@@ -168,7 +168,7 @@ def staleness_counts(records: Records) -> dict[str, Any]:
 def staleness(runs: Mapping[str, Records], title: str | None = None) -> Any:
     """Side by side, one panel per mode: how many updates were 0, 1, 2, ... global steps stale
     (updates by other workers between a worker's read of the variables and its write)."""
-    plt = _plt()
+    plt = pyplot()
     names = _check_runs(runs)
     stats = {n: staleness_counts(runs[n]) for n in names}
     top = max([1] + [k for s in stats.values() for k in s["hist"]])
@@ -201,7 +201,7 @@ def staleness(runs: Mapping[str, Records], title: str | None = None) -> Any:
 def ps_step_timeline(runs: Mapping[str, Records], title: str | None = None) -> Any:
     """Each worker's steps as bars over time, one panel per mode: async workers step
     independently; sync workers wait for each other at every update."""
-    plt = _plt()
+    plt = pyplot()
     names = _check_runs(runs)
     fig, axes = plt.subplots(len(names), 1, figsize=(13, 1.4 + 1.0 * sum(
         len(_workers(runs[n])) for n in names)), squeeze=False)
@@ -252,7 +252,7 @@ def placement_diagram(placement: Mapping[str, Any], title: str | None = None) ->
     """Which op of one training step ran on which task, and what crossed between tasks, for
     each graph (e.g. the seed's and the repaired one): task boxes listing their ops by role,
     arrows labelled with bytes per step (batch from the recording)."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
     graphs = placement["graphs"]
@@ -339,7 +339,7 @@ def closure_timeline(rows: Sequence[Mapping[str, Any]], events: Sequence[Mapping
     """Unit 5's lost worker: top, every closure as a bar on the worker that ran it, the
     failures and put-backs the coordinator logged, and the closures it retried; bottom,
     closures finished over time per worker."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 

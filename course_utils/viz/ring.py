@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .style import ROLE, SEQUENTIAL, _plt, styled
+from .style import ROLE, SEQUENTIAL, pyplot, styled
 
 #: Light backgrounds that tell the two phases apart at a glance.
 TINT = {"reduce-scatter": "#FBEEE6", "all-gather": "#E6F5F0", "done": "white"}
@@ -83,7 +83,7 @@ def _blocks(row: Sequence[int], p: int) -> list[tuple[int, int, int]]:
 
 
 def _draw_frame(ax: Any, replay: Mapping[str, Any], k: int) -> None:
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import FancyArrowPatch, Rectangle
 
     p, n, steps = replay["p"], replay["n"], replay["steps"]
@@ -144,7 +144,7 @@ def _draw_frame(ax: Any, replay: Mapping[str, Any], k: int) -> None:
 def ring_frame(replay: Mapping[str, Any], k: int, title: str | None = None) -> Any:
     """One step of the replay: every rank's buffer before step ``k`` (``k = steps``: after),
     with the messages of step ``k`` as arrows."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(1.15 * replay["n"] + 3.2, 0.9 * replay["p"] + 1.8))
     _draw_frame(ax, replay, k)
     _colorbar(fig, ax, replay["p"])
@@ -155,7 +155,7 @@ def ring_frame(replay: Mapping[str, Any], k: int, title: str | None = None) -> A
 
 
 def _colorbar(fig: Any, ax: Any, p: int) -> None:
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.colors import BoundaryNorm
 
     cmap = plt.get_cmap(SEQUENTIAL).reversed()
@@ -172,7 +172,7 @@ def _legend(ax: Any, p: int) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    cmap = _plt().get_cmap(SEQUENTIAL).reversed()
+    cmap = pyplot().get_cmap(SEQUENTIAL).reversed()
     handles = [Patch(facecolor=cmap(0.12 + 0.88 * c / p), edgecolor="black",
                      label=("1 rank's own value" if c == 1 else f"{c} ranks' contributions")
                      + (" (the full sum)" if c == p else "")) for c in range(1, p + 1)]
@@ -188,7 +188,7 @@ def _legend(ax: Any, p: int) -> None:
 def ring_replay(replay: Mapping[str, Any], title: str | None = None) -> Any:
     """Every step of the replay on one page (small multiples), reduce-scatter then all-gather
     then the result: the static version for PNGs and slides."""
-    plt = _plt()
+    plt = pyplot()
     frames = replay["steps"] + 1
     cols = 2 if frames > 3 else frames
     rows = -(-frames // cols)
@@ -220,7 +220,7 @@ def animation_html(replay: Mapping[str, Any], interval_ms: int = 1400,
     import tempfile
     from pathlib import Path
 
-    plt = _plt()
+    plt = pyplot()
     from cycler import cycler
     from matplotlib import animation
 
@@ -255,7 +255,7 @@ def slider(replay: Mapping[str, Any]) -> Any:
     import ipywidgets as widgets
     from IPython.display import display
 
-    plt = _plt()
+    plt = pyplot()
     out = widgets.Output()
     step = widgets.IntSlider(value=0, min=0, max=replay["steps"], description="step",
                              continuous_update=False)

@@ -47,7 +47,8 @@ RC: dict[str, Any] = {
 }
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """matplotlib.pyplot, imported on first use so that importing the viz package stays light."""
     import matplotlib.pyplot as plt  # the notebook's (or MPLBACKEND's) backend is kept
 
     return plt
@@ -68,7 +69,7 @@ def styled(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         from cycler import cycler
 
-        plt = _plt()
+        plt = pyplot()
         with plt.rc_context({**RC, "axes.prop_cycle": cycler(color=CYCLE)}):
             return fn(*args, **kwargs)
 
@@ -105,5 +106,5 @@ def show(fig: Any) -> Any:
     try:
         display(fig)
     finally:
-        _plt().close(fig)
+        pyplot().close(fig)
     return fig

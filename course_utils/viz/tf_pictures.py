@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .style import ROLE, _plt, styled
+from .style import ROLE, pyplot, styled
 
 # Light fills for the boxes; the arrows take the course's colours for pulls and pushes.
 PS_COLOUR = "#f9d9c4"      # ps tasks: they hold the variables (a tint of ROLE["ps"])
@@ -105,7 +105,7 @@ def ps_cluster(roles: Mapping[str, Sequence[int]],
     ``hosts`` (per rank, from the rank map) labels the engines; ``chief_worker`` marks the
     worker that initializes the variables (``None``: no chief among the workers).
     """
-    plt = _plt()
+    plt = pyplot()
     n_ranks = _check_roles(roles)
     y_ps, y_worker = 2.6, 0.0
     pos = _task_positions(roles, n_ranks, y_ps, y_worker)
@@ -157,7 +157,7 @@ def ps_vs_all_reduce(roles: Mapping[str, Sequence[int]], world_size: int | None 
     (every rank holds the whole model and exchanges gradients with its ring neighbours)."""
     import numpy as np
 
-    plt = _plt()
+    plt = pyplot()
     n_ranks = max(_check_roles(roles), int(world_size or 0))
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
     # Left: one row of ps tasks above one row of workers.
@@ -227,7 +227,7 @@ def coordinator_queue(roles: Mapping[str, Sequence[int]],
     "bytes": 4096}`` (from :func:`course_utils.tf_dist.variable_shards`). ``queue``: a snapshot,
     ``{"scheduled": n, "done": k}``; ``scheduled - done`` closures were waiting or running.
     """
-    plt = _plt()
+    plt = pyplot()
     _check_roles(roles)
     n_ps, n_w = len(roles["ps"]), len(roles["worker"])
     by_ps: dict[int, list[Mapping[str, Any]]] = {i: [] for i in range(n_ps)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .style import ROLE, _plt, human_bytes, styled
+from .style import ROLE, human_bytes, pyplot, styled
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -83,7 +83,7 @@ def ddp_timeline(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str | N
     """One panel per run (e.g. ``{"bucket_cap_mb=25": records, "bucket_cap_mb=1": records}``),
     one pair of lanes per rank: compute (forward, backward, optimizer) and communication (one
     bar per bucket's all_reduce, labelled with its bucket number). Time in ms, shared axis."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     names = list(runs)

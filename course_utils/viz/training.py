@@ -7,14 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from .style import ROLE, _plt, rank_color, styled
+from .style import ROLE, pyplot, rank_color, styled
 
 
 @styled
 def replica_divergence(curves: Mapping[str, Sequence[float]],
                        title: str = "parameter distance between replicas") -> Any:
     """Lines of the largest ||w_rank - w_rank0|| after each step, one line per variant."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for name, ys in curves.items():
         ax.plot(np.arange(1, len(ys) + 1), ys, marker="o", markersize=3, label=name)
@@ -32,7 +32,7 @@ def per_rank_curves(values_by_rank: Sequence[Sequence[float]], ylabel: str,
                     title: str, global_values: Sequence[float] | None = None,
                     xlabel: str = "step") -> Any:
     """One line per rank (its local metric), plus the reduced global metric if given."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.4))
     for r, ys in enumerate(values_by_rank):
         ax.plot(np.arange(1, len(ys) + 1), ys, alpha=0.8, color=rank_color(r), label=f"rank {r}")

@@ -7,7 +7,7 @@ cell's ``**Time:** about N minutes`` and the numbered list after "By the end of 
 you can:"), links each, says which cluster ``course lab`` started (profile, ranks, hosts), and
 for each unit whether the learner's copy passes its visible tests. That status is read from the
 saved copy (a test cell that ran without an error output passes; see
-:func:`course_utils.instructor.workspace.unit_status`), so it is as fresh as the learner's last
+:func:`course_utils.learner.workspace.unit_status`), so it is as fresh as the learner's last
 save; the home's last cell (:func:`show`) recomputes it in place.
 """
 
@@ -25,7 +25,8 @@ import nbformat
 from nbformat import NotebookNode
 
 from .. import settings
-from . import grading, workspace
+from ..assignments import lessons
+from . import workspace
 from .kernelspec import set_kernelspec
 
 HOME_NAME = "START_HERE.ipynb"
@@ -106,8 +107,8 @@ def set_unit_metadata(nb: NotebookNode, file: str = "") -> NotebookNode:
 
 def units(notebooks: list[Path] | None = None) -> list[UnitInfo]:
     """Every unit of the course (the instructor's source notebooks), in order."""
-    paths = notebooks if notebooks is not None else grading.source_notebooks()
-    return [unit_info(grading.read(p), p.name) for p in paths]
+    paths = notebooks if notebooks is not None else lessons.source_notebooks()
+    return [unit_info(lessons.read(p), p.name) for p in paths]
 
 
 # --------------------------------------------------------------------------- the cluster
@@ -238,7 +239,7 @@ def home_notebook(workdir: str | os.PathLike[str], infos: list[UnitInfo] | None 
             "training writes). "
             "`course lab --source` opens the instructor's notebooks instead of your copies."),
         nbformat.v4.new_code_cell("# Refresh: the cluster and your tests' status, as of now\n"
-                                  "from course_utils.instructor import home\n\nhome.show()"),
+                                  "from course_utils.learner import home\n\nhome.show()"),
     ]
     nb.metadata["course"] = {"generated": "course home", "title": "Start here"}
     return set_kernelspec(nb)

@@ -22,7 +22,7 @@ from .. import settings
 REASON = ("This cluster belongs to `course lab`, which started it for every notebook: it stops "
           "when course lab stops (Ctrl-C in its terminal). To replace stuck engines, run "
           "cu.restart() in a notebook; to start over, stop course lab and run it again.")
-EXTENSION = "course_utils.instructor.labpanel"
+EXTENSION = "course_utils.learner.labpanel"
 
 
 def course_cluster_key() -> str:

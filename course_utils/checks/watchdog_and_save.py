@@ -36,7 +36,7 @@ _CHILD = r"""
 import os, sys
 import cloudpickle, torch
 save, path, steps, crash_at = cloudpickle.load(open(sys.argv[1], "rb"))
-from course_utils.checks.faults import _dying_save, tiny_run
+from course_utils.checks.watchdog_and_save import _dying_save, tiny_run
 torch.save = _dying_save(save, crash_at)
 tiny_run(0, steps, lambda state: save(state, path))
 """

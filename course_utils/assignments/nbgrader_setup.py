@@ -29,14 +29,12 @@ from nbgrader.preprocessors import (
 )
 from traitlets import Integer, Unicode
 
+from ..notebook_cells import grade_id, is_solution_cell, is_test_cell
+
 STUB = "raise NotImplementedError()"
 TIMEOUT_ENAME = "CellTimeoutError"
 SKIPPED_ENAME = "NotRun"
 DEAD_ENAME = "DeadKernelError"
-
-
-def _meta(cell: NotebookNode) -> dict:
-    return dict(cell.get("metadata", {}).get("nbgrader", {}))
 
 
 class StubHints(NbGraderPreprocessor):
@@ -56,9 +54,9 @@ class StubHints(NbGraderPreprocessor):
                 found = re.findall(r"^#{1,4}\s+(.+?)\s*$", cell.source, re.M)
                 if found:
                     heading = re.sub(r"[`*_]", "", found[-1])
-            elif cell.cell_type == "code" and _meta(cell).get("solution") and STUB in cell.source:
+            elif cell.cell_type == "code" and is_solution_cell(cell) and STUB in cell.source:
                 hint = cell.get("metadata", {}).get("course", {}).get("hint") or stub_hint(
-                    heading, _meta(cell).get("grade_id", ""))
+                    heading, grade_id(cell))
                 cell.source = cell.source.replace(STUB, f"raise NotImplementedError({hint!r})")
         return nb, resources
 
@@ -81,17 +79,16 @@ class RestoreDeletedTests(NbGraderPreprocessor):
             self.log.warning("RestoreDeletedTests: no released notebook at %s", path)
             return nb, resources
         released = nbformat.read(str(path), as_version=4)
-        have = {_meta(c).get("grade_id") for c in nb.cells if _meta(c).get("grade_id")}
+        have = {grade_id(c) for c in nb.cells if grade_id(c)}
         for i, cell in enumerate(released.cells):
-            m = _meta(cell)
-            gid = m.get("grade_id")
-            if not (m.get("grade") and not m.get("solution")) or gid in have:
+            gid = grade_id(cell)
+            if not is_test_cell(cell) or gid in have:
                 continue
             # After the nearest earlier released cell that the submission still has.
             where = 0
             for prev in reversed(released.cells[:i]):
-                pid = _meta(prev).get("grade_id")
-                idx = next((k for k, c in enumerate(nb.cells) if _meta(c).get("grade_id") == pid),
+                pid = grade_id(prev)
+                idx = next((k for k, c in enumerate(nb.cells) if grade_id(c) == pid),
                            None) if pid else None
                 if idx is not None:
                     where = idx + 1
@@ -139,7 +136,7 @@ class CourseExecute(Execute):
         if self._stopped:
             cell.outputs = [_error(SKIPPED_ENAME, f"not run: {self._stopped}")]
             return cell, self.resources
-        name = _meta(cell).get("grade_id") or f"#{index}"
+        name = grade_id(cell) or f"#{index}"
         limit = self._get_timeout(cell)
         try:
             cell, resources = super().preprocess_cell(cell, resources, index)

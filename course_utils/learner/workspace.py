@@ -5,7 +5,7 @@
 --source`` opens that). Layout::
 
     ~/dist-training-course/
-      START_HERE.ipynb          the course home (generated: instructor/home.py)
+      START_HERE.ipynb          the course home (generated: learner/home.py)
       00_cluster_tour.ipynb ... the learner's copies: the notebooks `course release` hands out
                                 (solutions stubbed with hints, hidden tests removed, checksums)
       data/, saved_models/      what the notebooks write (they use paths relative to themselves)
@@ -38,8 +38,9 @@ from pathlib import Path
 import nbformat
 from nbformat import NotebookNode
 
+from .. import notebook_cells
+from ..assignments import lessons
 from ..errors import CourseError
-from . import grading
 from .kernelspec import set_kernelspec
 
 ENV_WORKDIR = "COURSE_WORKDIR"
@@ -71,7 +72,7 @@ def learner_version(source: str | os.PathLike[str]) -> NotebookNode:
 
 def learner_versions(sources: list[Path]) -> list[NotebookNode]:
     """:func:`learner_version` of each source; units not cached yet are released together."""
-    from .release import student_notebooks
+    from ..assignments.release import student_notebooks
 
     return [set_kernelspec(nb) for nb in student_notebooks(sources)]
 
@@ -164,7 +165,7 @@ def sync(workdir: str | os.PathLike[str], sources: list[Path] | None = None) -> 
     workdir.mkdir(parents=True, exist_ok=True)
     manifest = load_manifest(workdir)
     result = SyncResult(workdir)
-    sources = list(sources if sources is not None else grading.source_notebooks())
+    sources = list(sources if sources is not None else lessons.source_notebooks())
     for src, learner in zip(sources, learner_versions(sources), strict=True):
         name = src.name
         release = notebook_bytes(learner)
@@ -239,10 +240,10 @@ def exercises(nb: NotebookNode) -> dict[str, dict[str, list[int]]]:
     """``{"ex1": {"solution": [cell indices], "tests": [cell indices]}}`` in notebook order."""
     out: dict[str, dict[str, list[int]]] = {}
     for i, cell in enumerate(nb.cells):
-        gid = grading.nbgrader_meta(cell).get("grade_id", "")
-        if grading.is_solution_cell(cell) and cell.cell_type == "code":
+        gid = notebook_cells.grade_id(cell)
+        if notebook_cells.is_solution_cell(cell) and cell.cell_type == "code":
             out.setdefault(exercise_of(gid), {"solution": [], "tests": []})["solution"].append(i)
-        elif grading.is_test_cell(cell):
+        elif notebook_cells.is_test_cell(cell):
             out.setdefault(exercise_of(gid), {"solution": [], "tests": []})["tests"].append(i)
     return out
 
@@ -296,9 +297,9 @@ class UnitStatus:
 
 def unit_status(path: str | os.PathLike[str]) -> UnitStatus:
     """The visible tests' states in the saved copy ``path``."""
-    nb = grading.read(path)
-    return UnitStatus(Path(path).name, {grading.nbgrader_meta(c)["grade_id"]: test_state(c)
-                                        for c in nb.cells if grading.is_test_cell(c)})
+    nb = lessons.read(path)
+    return UnitStatus(Path(path).name, {notebook_cells.grade_id(c): test_state(c)
+                                        for c in nb.cells if notebook_cells.is_test_cell(c)})
 
 
 # --------------------------------------------------------------------------- solutions
@@ -313,8 +314,8 @@ def solution_text(source: NotebookNode, exercise: str) -> str:
 
     parts = []
     for cell in source.cells:
-        gid = grading.nbgrader_meta(cell).get("grade_id", "")
-        if grading.is_solution_cell(cell) and exercise_of(gid) == exercise:
+        gid = notebook_cells.grade_id(cell)
+        if notebook_cells.is_solution_cell(cell) and exercise_of(gid) == exercise:
             for m in _SOLUTION_RE.finditer(cell.source):
                 parts.append(f"# {gid}\n{textwrap.dedent(m.group(1)).rstrip()}")
     return "\n\n".join(parts)
@@ -329,7 +330,7 @@ def reveal_solution(workdir: str | os.PathLike[str], unit: str, exercise: str,
     workdir = Path(workdir).expanduser()
     path = find_unit(workdir, unit)
     exercise = exercise_of(exercise.strip())
-    mine = grading.read(path)
+    mine = lessons.read(path)
     found = exercises(mine)
     if exercise not in found or not found[exercise]["tests"]:
         have = ", ".join(k for k, v in found.items() if v["tests"]) or "none"
@@ -337,14 +338,14 @@ def reveal_solution(workdir: str | os.PathLike[str], unit: str, exercise: str,
                              f"`course solution {unit} ex1` names the exercise by its number")
     tests = [mine.cells[i] for i in found[exercise]["tests"]]
     if not any(attempted(c) for c in tests):
-        ids = ", ".join(grading.nbgrader_meta(c)["grade_id"] for c in tests)
+        ids = ", ".join(notebook_cells.grade_id(c) for c in tests)
         raise WorkspaceError(
             f"the visible test of {exercise} in {path.name} ({ids}) has not been run in the "
             "saved notebook",
             "try it first: run the exercise's test cell, save the notebook (Ctrl-S), "
             "then ask again")
-    src = (source_dir or grading.NOTEBOOK_DIR) / path.name
-    text = solution_text(grading.read(src), exercise)
+    src = (source_dir or lessons.NOTEBOOK_DIR) / path.name
+    text = solution_text(lessons.read(src), exercise)
     if not text:
         raise WorkspaceError(f"the course has no solution for {exercise} of {path.name}",
                              "ask the instructor")

@@ -5,7 +5,7 @@ package. ``course lab`` installs the kernelspec (idempotent) into the course env
 ``share/jupyter`` (``sys.prefix``, what ``jupyter kernelspec install --sys-prefix`` does), so
 only a Jupyter started from this environment sees it, and its ``argv`` is this environment's
 interpreter. The learner's copies of the units ask for it (:func:`set_kernelspec`);
-``course doctor`` checks it (:func:`doctor_check`).
+``course doctor`` checks it (:func:`kernel_health`).
 
 The kernel also loads :mod:`course_utils.cluster.pxoutput` as an IPython extension (``%%px``
 output labelled by rank, progress bars drawn in place).
@@ -23,12 +23,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from nbformat import NotebookNode
-
-    from .doctor import Check
 
 KERNEL_NAME = "dist-training-course"
 DISPLAY_NAME = "Distributed training course"
@@ -112,28 +110,35 @@ def find_spec(kernel_dirs: list[str] | None = None) -> tuple[str, dict[str, Any]
     return spec.resource_dir, spec.to_dict()
 
 
-def doctor_check(timeout: float = 60) -> Check:
-    """``course doctor``: the kernel is installed, visible to Jupyter, and imports the course."""
-    from .doctor import Check
+class KernelHealth(NamedTuple):
+    """Whether the course kernel works, what was found, and the fix when it does not."""
 
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def kernel_health(timeout: float = 60) -> KernelHealth:
+    """The kernel is installed, visible to Jupyter, and imports the course (``course doctor``
+    shows it as its ``kernel`` line)."""
     found = find_spec()
     if found is None:
-        return Check("kernel", False, f"no Jupyter kernel named {KERNEL_NAME!r}", INSTALL_FIX)
+        return KernelHealth(False, f"no Jupyter kernel named {KERNEL_NAME!r}", INSTALL_FIX)
     where, spec = found
     python = spec["argv"][0]
     if not (os.path.isfile(python) and os.access(python, os.X_OK)):
-        return Check("kernel", False, f"{where} runs {python}, which does not exist", INSTALL_FIX)
+        return KernelHealth(False, f"{where} runs {python}, which does not exist", INSTALL_FIX)
     try:
         proc = subprocess.run([python, "-c", "import course_utils, ipykernel, ipyparallel"],
                               capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return Check("kernel", False, f"{python} took over {timeout:g} s to import the course",
-                     INSTALL_FIX)
+        return KernelHealth(False, f"{python} took over {timeout:g} s to import the course",
+                            INSTALL_FIX)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return Check("kernel", False, f"{python} cannot import the course ({last})",
-                     f"{INSTALL_FIX}; or `pip install -e .` into {python}'s environment")
+        return KernelHealth(False, f"{python} cannot import the course ({last})",
+                            f"{INSTALL_FIX}; or `pip install -e .` into {python}'s environment")
     detail = f"{spec['display_name']!r} ({KERNEL_NAME}) runs {python}"
     if Path(python).parent.parent != Path(sys.prefix):
         detail += f" (another environment than this command's, {sys.prefix})"
-    return Check("kernel", True, detail)
+    return KernelHealth(True, detail)

@@ -28,7 +28,8 @@ import nbformat
 from nbformat import NotebookNode
 
 from ..errors import CourseError
-from .grading import NOTEBOOK_DIR, is_solution_cell, nbgrader_meta, source_notebooks
+from ..notebook_cells import grade_id, is_solution_cell, is_test_cell, nbgrader_meta
+from .lessons import NOTEBOOK_DIR, source_notebooks
 
 COURSE_ID = "dist-training"
 FOLDERS = ("source", "release", "submitted", "autograded", "feedback")
@@ -87,7 +88,7 @@ folder, behave as the `course` command does. Needs the course package importable
 """
 import os
 
-from course_utils.instructor import nbgrader_setup
+from course_utils.assignments import nbgrader_setup
 
 c = get_config()  # noqa: F821
 c.CourseDirectory.course_id = {course_id!r}
@@ -98,7 +99,7 @@ nbgrader_setup.configure(c, root=os.path.dirname(os.path.abspath(__file__)),
 
 def write_config(root: Path, course_id: str = COURSE_ID, cell_timeout: int = CELL_TIMEOUT,
                  notebook_timeout: int = NOTEBOOK_TIMEOUT) -> Path:
-    """Write ``root/nbgrader_config.py`` (see :mod:`course_utils.instructor.nbgrader_setup`)."""
+    """Write ``root/nbgrader_config.py`` (see :mod:`course_utils.assignments.nbgrader_setup`)."""
     path = Path(root) / "nbgrader_config.py"
     path.write_text(CONFIG_TEMPLATE.format(course_id=course_id, cell_timeout=cell_timeout,
                                            notebook_timeout=notebook_timeout))
@@ -215,20 +216,15 @@ def release(outdir: str | Path, units: list[int] | None = None,
                 "do not repeat it outside them")
         out.units.append(UnitRelease(
             unit=unit_of(path), assignment=aid, source=src, release=rel,
-            exercises=[nbgrader_meta(c)["grade_id"] for c in source_nb.cells
+            exercises=[grade_id(c) for c in source_nb.cells
                        if is_solution_cell(c)],
-            tests={nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
-                   for c in source_nb.cells if _is_test(c)},
-            answers={nbgrader_meta(c)["grade_id"]: float(nbgrader_meta(c).get("points", 0))
+            tests={grade_id(c): float(nbgrader_meta(c).get("points", 0))
+                   for c in source_nb.cells if is_test_cell(c)},
+            answers={grade_id(c): float(nbgrader_meta(c).get("points", 0))
                      for c in source_nb.cells
                      if nbgrader_meta(c).get("grade") and is_solution_cell(c)},
             seconds=time.perf_counter() - t0))
     return out
-
-
-def _is_test(cell: NotebookNode) -> bool:
-    m = nbgrader_meta(cell)
-    return bool(m.get("grade")) and not m.get("solution")
 
 
 def _tail(text: str, n: int = 1500) -> str:
@@ -396,7 +392,7 @@ def bare_asserts(nb: NotebookNode) -> list[tuple[str, int, str, bool]]:
 
     out = []
     for cell in nb.cells:
-        if not _is_test(cell):
+        if not is_test_cell(cell):
             continue
         src = "\n".join("" if ln.lstrip().startswith("%") else ln
                         for ln in cell.source.splitlines())
@@ -411,6 +407,6 @@ def bare_asserts(nb: NotebookNode) -> list[tuple[str, int, str, bool]]:
         lines = src.splitlines()
         for node in ast.walk(tree):
             if isinstance(node, ast.Assert) and node.msg is None:
-                out.append((nbgrader_meta(cell)["grade_id"], node.lineno,
+                out.append((grade_id(cell), node.lineno,
                             lines[node.lineno - 1].strip(), node.lineno in hidden))
     return out

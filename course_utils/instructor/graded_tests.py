@@ -1,4 +1,5 @@
-"""Grading checks on the nbgrader source notebooks.
+"""Checks that the graded tests bite: run a notebook to its last graded test and read which
+failed, the student version in memory, a learner's mistake planted in a solution.
 
 The student version is made with nbgrader's own ``ClearSolutions`` preprocessor (what
 ``nbgrader generate_assignment`` runs), then executed; every graded test cell must fail on it.
@@ -11,32 +12,11 @@ import copy
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
-import nbformat
 from nbformat import NotebookNode
 
-from ..settings import data_dir
-
-NOTEBOOK_DIR: Path = data_dir("notebooks")  # the checkout's, or the installed package's copy
-
-
-def source_notebooks() -> list[Path]:
-    """Every lesson notebook, in unit order."""
-    return sorted(p for p in NOTEBOOK_DIR.glob("*.ipynb") if ".ipynb_checkpoints" not in str(p))
-
-
-def nbgrader_meta(cell: NotebookNode) -> dict:
-    return dict(cell.get("metadata", {}).get("nbgrader", {}))
-
-
-def is_test_cell(cell: NotebookNode) -> bool:
-    m = nbgrader_meta(cell)
-    return bool(m.get("grade")) and not m.get("solution")
-
-
-def is_solution_cell(cell: NotebookNode) -> bool:
-    return bool(nbgrader_meta(cell).get("solution"))
+from ..assignments.lessons import NOTEBOOK_DIR
+from ..notebook_cells import is_test_cell, nbgrader_meta
 
 
 def graded_test_ids(nb: NotebookNode) -> list[str]:
@@ -89,10 +69,6 @@ def grade_outcomes(executed: NotebookNode) -> list[GradeOutcome]:
     return outcomes
 
 
-def read(path: str | os.PathLike[str]) -> NotebookNode:
-    return nbformat.read(str(path), as_version=4)
-
-
 def with_solution(nb: NotebookNode, grade_id: str, body: str) -> NotebookNode:
     """``nb`` with the solution region of cell ``grade_id`` replaced by ``body`` (indented to
     match). Tests use it to plant a learner's typical mistake and check a graded test fails."""
@@ -106,8 +82,3 @@ def with_solution(nb: NotebookNode, grade_id: str, body: str) -> NotebookNode:
         cell.source = cell.source[: m.start()] + "\n".join(lines) + "\n" + cell.source[m.end():]
         return nb
     raise KeyError(grade_id)
-
-
-def failed_by_test(nb: NotebookNode) -> dict[str, bool]:
-    """Execute up to the last graded test; map each test's grade_id to whether it failed."""
-    return {o.grade_id: o.failed for o in grade_outcomes(execute_until_last_test(nb))}
