@@ -16,6 +16,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The module fixture builds a wheel and a venv first.
+pytestmark = pytest.mark.timeout(1200)
+
 LIGHT_CHECK = """
 import course_utils, sys
 from course_utils.cluster.profiles import load_profile

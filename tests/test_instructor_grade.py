@@ -39,6 +39,9 @@ from course_utils.instructor.grading import nbgrader_meta
 from course_utils.instructor.nbgrader_setup import CourseExecute, RestoreDeletedTests
 from course_utils.instructor.release import read_nb, release
 
+# The module fixture grades a whole class first (minutes on a loaded machine).
+pytestmark = pytest.mark.timeout(1200)
+
 CELL_TIMEOUT = 30
 NOTEBOOK_TIMEOUT = 150
 UNIT0 = "00_cluster_tour.ipynb"

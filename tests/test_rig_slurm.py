@@ -28,6 +28,8 @@ from tests.rigs.slurm import (
     wait_until,
 )
 
+# The session rig may first apt-get install Slurm and munge (CI=true).
+pytestmark = pytest.mark.timeout(1200)
 slurm_rig = rigs_slurm.slurm_rig  # the session fixture, shared by every test module using it
 
 

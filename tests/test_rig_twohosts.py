@@ -22,6 +22,9 @@ import pytest
 from tests.rigs import twohosts as th
 from tests.rigs.twohosts import TwoHostRig
 
+# The rig may first apt-get install OpenSSH (CI=true).
+pytestmark = pytest.mark.timeout(1200)
+
 ECHO_PORT = 5601
 REPO = Path(__file__).resolve().parents[1]
 

@@ -42,6 +42,8 @@ from course_utils.instructor import doctor_slurm
 from tests.rigs import slurm as rigs_slurm
 from tests.rigs.slurm import SlurmRig, wait_until
 
+# The session rig may first apt-get install Slurm and munge (CI=true).
+pytestmark = pytest.mark.timeout(1200)
 slurm_rig = rigs_slurm.slurm_rig  # the session-wide one-node cluster
 
 

@@ -43,6 +43,9 @@ from course_utils.instructor.doctor_hosts import HostCheck, HostDoctor, run_host
 from course_utils.torch_dist import ddp_script
 from tests.rigs import twohosts as th
 
+# The rig may first apt-get install OpenSSH (CI=true).
+pytestmark = pytest.mark.timeout(1200)
+
 REPO = Path(__file__).resolve().parents[1]
 PG_TIMEOUT = 6.0  # the collective timeout of the link-down test
 SHAPED_RATE = "500mbit"
