@@ -3,7 +3,8 @@
 Only the Debian packages are used (``/usr/bin/chromium``, ``/usr/bin/chromedriver``); Selenium
 Manager never runs because the Service is given the driver's path. Tests call
 :func:`require_chromium` (through the ``chromium`` fixture), which installs the packages only when
-``CI=true`` or ``COURSE_TEST_INSTALL=1`` and otherwise skips, naming the command that enables them.
+``CI=true`` or ``COURSE_TEST_INSTALL=1``; a missing piece fails under ``CI=true`` and elsewhere
+skips, naming the command that enables it (:func:`tests.rigs.common.unavailable`).
 
 Fixtures (register with ``pytest_plugins = ["tests.rigs.browser"]``): ``chromium`` (one headless
 driver per session) and ``browser_screenshot_dir``.

@@ -28,7 +28,8 @@ Use it through the session fixture :func:`slurm_rig` (import it into a test modu
 
 ``python -m tests.rigs.slurm`` brings a cluster up, prints its environment and waits for Enter.
 Needs root and the Debian packages in :data:`PACKAGES`; they are installed only when ``CI=true``
-or ``COURSE_TEST_INSTALL=1``, otherwise the fixture skips and prints the command to run.
+or ``COURSE_TEST_INSTALL=1``; otherwise the fixture skips and prints the command to run (under
+``CI=true`` a rig that cannot be built fails: :func:`tests.rigs.common.unavailable`).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------------------------------
-# Small helpers (shareable with the two-host rig)
+# Small helpers
 # ---------------------------------------------------------------------------------------------
 
 def which(name: str) -> str | None:
