@@ -19,8 +19,9 @@ The rig the multi-host tests (unit 6 onwards) point ipyparallel's SSH launchers 
   kernel has it (:func:`netem_unavailable` says why not).
 
 Needs root, ``ip``/``tc`` (iproute2) and Debian's openssh-server; :func:`prerequisites` installs
-the latter only when ``CI=true`` or ``COURSE_TEST_INSTALL=1`` (:mod:`tests.rigs.common`). Run ``python -m tests.rigs.twohosts``
-to build a rig by hand and keep it until Ctrl-C, or ``... clean`` to remove stale runs.
+the latter only when ``CI=true`` or ``COURSE_TEST_INSTALL=1`` (:mod:`tests.rigs.common`).
+Run ``python -m tests.rigs.twohosts`` to build a rig by hand and keep it until Ctrl-C, or
+``... clean`` to remove stale runs.
 """
 
 from __future__ import annotations
