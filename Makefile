@@ -13,9 +13,9 @@ LAB_ARGS ?=
 lab: install
 	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
 
-# `make test` shares the suite between two pytest-xdist workers (18 min here; one process:
-# TEST_WORKERS=0). conftest.py keeps a notebook, a module or a rig on one worker, and
-# runs the timing-sensitive tests (units 7 and 9) alone on the machine.
+# `make test` shares the suite between two pytest-xdist workers (one process: TEST_WORKERS=0).
+# pyproject.toml's --dist loadfile keeps each file, and each notebook's cells, on one worker;
+# a test that hangs fails after pytest-timeout's limit there, naming itself.
 TEST_WORKERS ?= 2
 
 test: install

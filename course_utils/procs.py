@@ -85,6 +85,19 @@ def pids_with_environ(entry: str | bytes) -> Iterator[int]:
             yield pid
 
 
+def pids_with_environ_prefix(prefix: str | bytes) -> Iterator[int]:
+    """The live pids with an environment entry that starts with ``prefix`` (``"NAME=run-7-"``:
+    every run of one launcher)."""
+    want = prefix.encode() if isinstance(prefix, str) else prefix
+    for pid in all_pids():
+        try:
+            env = (PROC / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(want) for e in env) and pid_alive(pid):
+            yield pid
+
+
 def pids_running(needle: str) -> Iterator[int]:
     """The live pids whose command line contains ``needle``, this process excepted."""
     me = os.getpid()

@@ -9,15 +9,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
-import pytest
-
+from course_utils import procs
 from course_utils.cli import build_parser, main
 from course_utils.cluster.ports import free_port
 
 COURSE = [sys.executable, "-m", "course_utils.cli"]
-pytestmark = pytest.mark.cluster
 
 
 def run(args, env=None, timeout=240):
@@ -27,18 +24,8 @@ def run(args, env=None, timeout=240):
 
 def engine_pids(cluster_id: str) -> list[int]:
     """ipyparallel processes (controller, engines) whose environment names this cluster id."""
-    out = []
-    marker = f"IPP_CLUSTER_ID={cluster_id}".encode()
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                cmd = (d / "cmdline").read_bytes()
-                env = (d / "environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"ipyparallel" in cmd and marker in env:
-                out.append(int(d.name))
-    return out
+    return [pid for pid in procs.pids_with_environ(f"IPP_CLUSTER_ID={cluster_id}")
+            if "ipyparallel" in " ".join(procs.cmdline(pid))]
 
 
 def test_parser_knows_every_command():
@@ -113,7 +100,6 @@ def test_lab_headless_answers_and_leaves_no_engines():
     assert engine_pids(cid) == [], "engines left behind after course lab stopped"
 
 
-@pytest.mark.slow
 def test_bench_startup_prints_json_last():
     out = run(["bench", "startup", "--repeat", "20"])
     assert out.returncode == 0, out.stderr

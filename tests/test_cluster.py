@@ -14,7 +14,7 @@ import ipyparallel as ipp
 import pytest
 
 import course_utils as cu
-from course_utils import torch_dist
+from course_utils import procs, torch_dist
 from course_utils.cluster import lifecycle as cl
 from course_utils.cluster import registry
 from course_utils.cluster.engine import getenv
@@ -30,21 +30,10 @@ from course_utils.errors import (
     WorldSizeMismatch,
 )
 
-pytestmark = pytest.mark.cluster
 CID = f"pytest-cluster-{os.getpid()}"
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); treat it as gone.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+alive = procs.pid_alive  # a zombie counts as gone
 
 
 @pytest.fixture(scope="module")

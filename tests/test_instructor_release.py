@@ -136,8 +136,6 @@ def test_visible_tests_say_what_was_expected():
         pytest.xfail(f"visible test asserts without a message (notebook owners): {bare}")
 
 
-@pytest.mark.cluster
-@pytest.mark.slow
 @pytest.mark.parametrize("path", UNITS, ids=[p.name for p in UNITS])
 def test_every_graded_test_fails_on_the_release(course, path, tmp_path):
     """Executed for real, as a learner would run the handed-out notebook (hidden tests absent).

@@ -32,13 +32,13 @@ import pytest
 
 from course_utils import notebook_cells
 from course_utils.assignments import lessons
+from course_utils.cluster.ports import free_port
 from course_utils.learner import home, kernelspec, workspace
 from tests.rigs import browser as rig
 
 chromium = rig.chromium
 browser_screenshot_dir = rig.browser_screenshot_dir
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 TOKEN = "course-lab-test"
 UNIT0 = "00_cluster_tour.ipynb"
 UNIT3 = "03_pytorch_ddp.ipynb"
@@ -87,7 +87,7 @@ def learner_lab(tmp_path_factory, browser_screenshot_dir):
     rig.require_chromium()
     base = tmp_path_factory.mktemp("learner-lab")
     workdir, state, prefix = base / "work", base / "state", base / "kernel-prefix"
-    port = rig.free_port()
+    port = free_port()
     cid = os.environ.get("COURSE_CLUSTER_ID", "pytest") + "-lab"
     env = {**os.environ, kernelspec.ENV_KERNEL_PREFIX: str(prefix), "COURSE_CLUSTER_ID": cid,
            "JUPYTER_PATH": str(prefix / "share" / "jupyter"),

@@ -494,7 +494,6 @@ def test_the_panel_guard_names_the_course_cluster(monkeypatch):
     assert issubclass(workspace.WorkspaceError, CourseError)
 
 
-@pytest.mark.cluster
 def test_px_output_is_labelled_by_rank_in_any_kernel():
     """``cu.start()`` installs the rank labels itself: a plain ``python3`` kernel (not the
     course's kernelspec, which loads them as an extension) shows ``[rank r, engine e]``."""

@@ -169,7 +169,6 @@ def test_catalogue_files_are_well_formed():
         with_solution(copy.deepcopy(nb), mod.GRADE_ID, mod.BODY)  # the region exists
 
 
-@pytest.mark.cluster
 @pytest.mark.parametrize("path", MISTAKES, ids=[p.stem for p in MISTAKES])
 def test_mistake_fails_its_own_test_with_the_fix(path, kernel):
     mod = load(path)

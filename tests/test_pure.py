@@ -376,6 +376,8 @@ def test_procs_tell_live_zombie_and_gone_processes_apart():
         assert procs.parent(child.pid) == os.getpid()
         assert procs.start_time(child.pid)
         assert child.pid in set(procs.pids_with_environ("COURSE_TEST_MARK=procs-1"))
+        assert child.pid in set(procs.pids_with_environ_prefix("COURSE_TEST_MARK=procs-"))
+        assert child.pid not in set(procs.pids_with_environ_prefix("COURSE_TEST_MARK=procs-2"))
         assert "time.sleep(30)" in " ".join(procs.cmdline(child.pid))
     finally:
         child.kill()

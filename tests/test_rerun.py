@@ -1,40 +1,77 @@
-"""Re-running cells, or a whole notebook, in the same kernel works (idempotent set-up and
-teardown). The re-runs are nbval items (conftest's ``RERUN_PLANS``): after a notebook's cells
-ran once as written, its plan runs them again in the same kernel."""
+"""Re-running in the same kernel works, as a learner does it: a whole notebook twice (set-up
+and teardown are idempotent), or every cell again against the live cluster and process group
+before the teardown. nbval runs each notebook once; these tests run one notebook of each kind
+again with nbclient, in one kernel from the first cell to the last."""
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
+from pathlib import Path
 
-from conftest import RERUN_PLANS
-from course_utils.assignments.lessons import NOTEBOOK_DIR, read, source_notebooks
-from course_utils.notebook_cells import nbgrader_meta
+import nbformat
+import pytest
+from jupyter_client import KernelManager
+from nbclient import NotebookClient
+from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
 
+from course_utils.notebook_cells import grade_id
 
-def test_every_notebook_has_a_rerun_plan_that_runs_it_whole_first():
-    assert sorted(RERUN_PLANS) == [p.name for p in source_notebooks()]
-    for plan in RERUN_PLANS.values():
-        assert plan.startswith("B") and plan.endswith("T") and set(plan) <= set("BTS")
-
-
-def _collected(name: str) -> list[str]:
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                          f"notebooks/{name}", "-p", "no:cacheprovider"],
-                         cwd=NOTEBOOK_DIR.parent, capture_output=True, text=True, timeout=120)
-    return [ln.split("::", 1)[1] for ln in out.stdout.splitlines() if "::" in ln]
+NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+CELL_TIMEOUT = 600  # as nbval's --nbval-cell-timeout in pyproject.toml
 
 
-def test_nbval_runs_the_notebook_then_its_plan_in_the_same_kernel():
-    nb = read(NOTEBOOK_DIR / "00_cluster_tour.ipynb")  # "BTBT": the whole notebook twice
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert "teardown" in nbgrader_meta(code[-1]).get("grade_id", "")
-    ids = _collected("00_cluster_tour.ipynb")
-    first = [f"Cell {n}" for n in range(len(code))]
-    assert ids == first + [f"{c} (pass {3 if n < len(code) - 1 else 4})"
-                           for n, c in enumerate(first)], ids
-    ids = _collected("01_collectives.ipynb")  # "BBT": every cell again, then the teardown
-    n = sum(c.cell_type == "code" for c in read(NOTEBOOK_DIR / "01_collectives.ipynb").cells)
-    assert len(ids) == 2 * n - 1 and ids[-1] == f"Cell {n - 1}"
-    assert all(re.fullmatch(r"Cell \d+ \(pass 2\)", i) for i in ids[n - 1:-1])
+def _is_teardown(cell) -> bool:
+    return "teardown" in grade_id(cell)
+
+
+def run_in_one_kernel(name: str, plan: str) -> list[str]:
+    """Run notebook ``name`` in one kernel by ``plan``: ``B`` every code cell but the
+    teardown, ``T`` the teardown. Returns what ran, one letter per step (a failing cell
+    raises nbclient's CellExecutionError naming it). A failed pass still runs the teardown,
+    so no engines outlive the test."""
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    steps = {"B": [ic for ic in code if not _is_teardown(ic[1])],
+             "T": [ic for ic in code if _is_teardown(ic[1])]}
+    assert steps["T"], f"{name} has no teardown cell"
+    # The kernel of this interpreter, as nbval's --nbval-current-env starts it.
+    km = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME,
+                       kernel_spec_manager=NbvalKernelspecManager())
+    client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, kernel_name=CURRENT_ENV_KERNEL_NAME,
+                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+    ran: list[str] = []
+    with client.setup_kernel(cwd=str(NOTEBOOK_DIR)):
+        try:
+            for step in plan:
+                for index, cell in steps[step]:
+                    client.execute_cell(cell, index)
+                ran.append(step)
+        finally:
+            if not ran or ran[-1] != "T":
+                for index, cell in steps["T"]:
+                    client.execute_cell(cell, index)
+    return ran
+
+
+def test_a_torch_notebook_runs_twice_whole_in_one_kernel():
+    # Unit 1: the cluster and the gloo group are started, stopped, and started again.
+    assert run_in_one_kernel("01_collectives.ipynb", "BTBT") == list("BTBT")
+
+
+def test_a_tf_notebook_runs_twice_whole_in_one_kernel():
+    # Unit 4: the TF servers are started, stopped, and started again on fresh engines.
+    assert run_in_one_kernel("04_tf_classic_ps.ipynb", "BTBT") == list("BTBT")
+
+
+def test_every_cell_again_against_the_live_cluster():
+    # Unit 3: each set-up cell meets what its first run started (cluster, process group,
+    # DDP model) and reuses it; then the teardown.
+    assert run_in_one_kernel("03_pytorch_ddp.ipynb", "BBT") == list("BBT")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb")))
+def test_every_notebook_ends_with_its_teardown(name):
+    # What makes re-running safe: the teardown cell is the last code cell, so a plan's "B"
+    # is every cell before it.
+    cells = [c for c in nbformat.read(NOTEBOOK_DIR / name, as_version=4).cells
+             if c.cell_type == "code"]
+    assert _is_teardown(cells[-1]) and not any(_is_teardown(c) for c in cells[:-1])

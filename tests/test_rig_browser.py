@@ -77,7 +77,6 @@ def test_isolated_lab_args_and_helpers(tmp_path, monkeypatch):
                 / "notification.jupyterlab-settings")
     assert '"fetchNews": "false"' in settings.read_text()
     assert f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}" in args
-    assert 1024 < rig.free_port() < 65536
     monkeypatch.setenv("COURSE_SCREENSHOT_DIR", str(tmp_path / "shots"))
     assert rig.screenshot_dir() == tmp_path / "shots" and (tmp_path / "shots").is_dir()
 

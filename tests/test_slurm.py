@@ -20,11 +20,9 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from rigs import slurm as rigs_slurm
-from rigs.slurm import SlurmRig, wait_until
 
 import course_utils as cu
-from course_utils import cli
+from course_utils import cli, procs
 from course_utils.cluster import engine, lifecycle, ports, slurm
 from course_utils.cluster.launching import cluster_kwargs
 from course_utils.cluster.profiles import (
@@ -42,7 +40,11 @@ from course_utils.cluster.slurm_script import (
 )
 from course_utils.errors import CourseError, EnginesDidNotStart, ProfileError
 from course_utils.instructor import doctor_slurm
+from tests.rigs import slurm as rigs_slurm
+from tests.rigs.slurm import SlurmRig, wait_until
 
+# The session rig may first apt-get install Slurm and munge (CI=true).
+pytestmark = pytest.mark.timeout(1200)
 slurm_rig = rigs_slurm.slurm_rig  # the session-wide one-node cluster
 
 
@@ -355,7 +357,7 @@ def test_start_submits_the_engines_as_a_slurm_job_restart_and_stop_cancel_it(on_
         cu.stop()
     assert rig.wait_job(int(job), timeout=15) == "CANCELLED"
     assert rig.run(["squeue", "-h", "-t", "PD,R", "-j", job], check=False).stdout.strip() == ""
-    wait_until(lambda: not any(rigs_slurm.is_running(p) for p in pids), 10, "engines to exit")
+    wait_until(lambda: not any(procs.pid_alive(p) for p in pids), 10, "engines to exit")
 
 
 def test_a_request_the_node_cannot_satisfy_fails_at_once_with_slurms_reason(on_rig, tmp_path):
@@ -423,7 +425,7 @@ def test_doctor_names_the_fix_when_slurm_is_not_ready(on_rig, tmp_path, monkeypa
     prof = load_profile(rig_profile(rig, tmp_path / "rig.toml"))
     dead = tmp_path / "dead.conf"
     dead.write_text(rig.conf.read_text().replace(f"SlurmctldPort={rig.ctld_port}",
-                                                 f"SlurmctldPort={rigs_slurm.free_port()}"))
+                                                 f"SlurmctldPort={ports.free_port()}"))
     monkeypatch.setenv("SLURM_CONF", str(dead))
     checks = list(doctor_slurm.slurm_checks(prof, engines=2, timeout=30))
     assert [(c.name, c.ok) for c in checks] == [("slurm commands", True), ("scheduler", False)]
@@ -552,7 +554,7 @@ def test_unit6_batch_script_runs_under_sbatch_and_every_rank_ends_equal(on_rig, 
 @pytest.fixture
 def two_node_slurm(tmp_path, monkeypatch):
     """A Slurm cluster whose two nodes are the two simulated hosts of tests/rigs/twohosts.py."""
-    from rigs.twohosts import rig_or_skip
+    from tests.rigs.twohosts import rig_or_skip
 
     rigs_slurm.require_rig()
     monkeypatch.chdir(tmp_path)
@@ -566,7 +568,7 @@ def two_node_slurm(tmp_path, monkeypatch):
 
 
 def test_a_slurm_job_spans_the_two_hosts(two_node_slurm, tmp_path):
-    from rigs.twohosts import IFNAME
+    from tests.rigs.twohosts import IFNAME
 
     rig, hosts = two_node_slurm
     print("\n" + rig.run("sinfo").stdout)
@@ -599,7 +601,7 @@ def test_unit6_batch_script_runs_on_two_nodes_and_every_rank_ends_equal(two_node
     """Unit 6's batch script, from the course's Slurm profile changed only where the rig
     differs, on two nodes: the rendezvous on the first node, one torchrun per node, gloo over
     the hosts' link."""
-    from rigs.twohosts import IFNAME
+    from tests.rigs.twohosts import IFNAME
 
     rig, hosts = two_node_slurm
     data = tomllib.loads((Path(__file__).parents[1] / "profiles" / "slurm.toml").read_text())

@@ -103,7 +103,6 @@ def cluster():
     cc.stop(force=True)
 
 
-@pytest.mark.cluster
 def test_servers_start_answer_and_rerun_reuses_them(cluster):
     tfc = tf_dist.start_servers(cluster, num_ps=2, num_workers=2)
     assert tfc.roles == ROLES_2
@@ -120,7 +119,6 @@ def test_servers_start_answer_and_rerun_reuses_them(cluster):
     assert cluster.run(tf_dist.servers.engine_hosted) == [["ps:0", "worker:0"], ["worker:1"]]
 
 
-@pytest.mark.cluster
 def test_a_missing_ps_is_named_within_the_bound(cluster):
     import dataclasses
 
@@ -134,7 +132,6 @@ def test_a_missing_ps_is_named_within_the_bound(cluster):
     assert f"ps:0 at {dead} (rank 0)" in err.value.cause and "start_servers" in err.value.fix
 
 
-@pytest.mark.cluster
 def test_stop_servers_replaces_engines_that_hosted_servers(cluster):
     tfc = tf_dist.start_servers(cluster, num_ps=1)
     old = set(cluster.ranks.engine_ids)
@@ -165,7 +162,6 @@ _ports.port_in_use = _taken_first
 """
 
 
-@pytest.mark.cluster
 def test_a_port_taken_before_its_server_binds_is_picked_again(cluster):
     tf_dist.stop_servers(cluster)
     rank1 = cluster.ranks[1].engine_id
@@ -211,7 +207,6 @@ worker_index = next((i for j, i in tf_dist.tasks_on_rank(ROLES, rank) if j == "w
 """
 
 
-@pytest.mark.cluster
 def test_servers_started_by_hand_are_checked_adopted_and_torn_down(cluster):
     """Unit 4's path: ports from the engines, servers started by the learner's code and
     registered, then checked, adopted, used for one step, and replaced by stop_servers."""
@@ -239,7 +234,6 @@ def test_servers_started_by_hand_are_checked_adopted_and_torn_down(cluster):
     assert set(cluster.ranks.engine_ids).isdisjoint(old)
 
 
-@pytest.mark.cluster
 def test_run_training_timeout_speaks_about_hooks_not_collectives(cluster):
     cluster.view.execute("import time\ndef sleepy():\n    time.sleep(3)\n", block=True)
     t0 = time.monotonic()
@@ -301,7 +295,6 @@ def _in_process(mode: str, timeout: float) -> tuple[bool, float, str]:
     return out.returncode == 0, time.monotonic() - t0, out.stdout + out.stderr[-2000:]
 
 
-@pytest.mark.slow
 def test_sized_pools_finish_where_starved_pools_hang():
     ok, seconds, out = _in_process("helper", timeout=90)
     assert ok and "steps 50" in out, out
@@ -399,7 +392,6 @@ STUCK = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_stop_coordinators_frees_a_coordinator_stuck_reconnecting():
     out = subprocess.run([sys.executable, "-c", STUCK], capture_output=True, text=True,
                          timeout=120)

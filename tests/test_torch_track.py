@@ -208,7 +208,6 @@ def tcluster():
     cc.stop(force=True)
 
 
-@pytest.mark.cluster
 def test_check_all_reduce_accepts_a_ring_and_catches_a_cheat(tcluster):
     tcluster.view.execute(RING_OK, block=True)
     for n in (1, 7, 1001):
@@ -228,7 +227,6 @@ def test_check_all_reduce_accepts_a_ring_and_catches_a_cheat(tcluster):
     assert checks.ring_problem(lifted) is None, lifted
 
 
-@pytest.mark.cluster
 def test_engine_time_and_bench(tcluster):
     tcluster.view.execute(RING_OK, block=True)
     res = tcluster.run(bandwidth.engine_bench_all_reduce, "ring_ok", 4 * 2**20, 3, timeout=120)
@@ -258,7 +256,6 @@ def spreads():
     return different, same, g, met, ev
 
 
-@pytest.mark.cluster
 def test_replica_and_grad_spread_reduce_metrics_evaluate(tcluster):
     (d0, s0, g0, m0, e0), (d1, s1, g1, m1, e1) = tcluster.run(spreads, timeout=60)
     assert d0 == d1 > 0 and s0 == s1 == 0.0 and g0 == g1 > 0
@@ -267,7 +264,6 @@ def test_replica_and_grad_spread_reduce_metrics_evaluate(tcluster):
     assert e0["count"] == 10 and e0["accuracy"] == e1["accuracy"]
 
 
-@pytest.mark.cluster
 def test_engine_check_checkpoint(tcluster, tmp_path):
     tcluster.view.execute(CKPT_FUNCS, block=True)
     path = str(tmp_path / "ck.pt")
@@ -297,7 +293,6 @@ def ring_blocking(t):
 """
 
 
-@pytest.mark.cluster
 def test_watchdog_names_a_deadlock_in_seconds_and_spares_the_group(tcluster):
     import time
 
@@ -330,7 +325,6 @@ def join_rank0(addr, port, timeout_s):
 """
 
 
-@pytest.mark.cluster
 def test_engine_join_watches_a_learners_init(tcluster):
     import time
 
@@ -356,7 +350,6 @@ def test_engine_join_watches_a_learners_init(tcluster):
         cu.start_torch(tcluster)   # engine_join destroyed the course's group: build it again
 
 
-@pytest.mark.cluster
 def test_engine_check_dp_step_tells_mistakes_apart(tcluster):
     steps = """
 import torch, torch.distributed as dist, torch.nn.functional as F
@@ -414,7 +407,6 @@ def sampler_padded(dataset, epoch):
 """
 
 
-@pytest.mark.cluster
 def test_engine_check_ddp_and_sampler_report_what_the_tests_read(tcluster):
     tcluster.view.execute("import torch.distributed as dist\n" + WRAPS, block=True)
     good = tcluster.run(checks.engine_check_ddp, fn_name="wrap_good", timeout=60)

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 import course_utils as cu
-from course_utils import settings
+from course_utils import procs, settings
 from course_utils.checks import hosts as probes
 from course_utils.cluster import engine, profiles
 from course_utils.cluster.launching import cluster_kwargs
@@ -43,6 +43,9 @@ from course_utils.errors import CourseError, EnginesDidNotStart, ProfileError
 from course_utils.instructor.doctor_hosts import HostCheck, HostDoctor, run_host_checks
 from course_utils.torch_dist import ddp_script
 from tests.rigs import twohosts as th
+
+# The rig may first apt-get install OpenSSH (CI=true).
+pytestmark = pytest.mark.timeout(1200)
 
 REPO = Path(__file__).resolve().parents[1]
 PG_TIMEOUT = 6.0  # the collective timeout of the link-down test
@@ -498,16 +501,7 @@ def test_link_down_during_all_reduce_is_a_clear_error_and_restart_recovers(rig, 
 def _processes_of_cluster(cid: str) -> list[int]:
     """Pids on this machine (both rig hosts share its pid space) whose environment names the
     cluster ``cid`` exactly (ipyparallel sets IPP_CLUSTER_ID for controller and engines)."""
-    mark = f"IPP_CLUSTER_ID={cid}".encode()
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if mark in (d / "environ").read_bytes().split(b"\0"):
-                    found.append(int(d.name))
-            except OSError:
-                continue
-    return found
+    return list(procs.pids_with_environ(f"IPP_CLUSTER_ID={cid}"))
 
 
 def _ipp_processes_in(rig, h) -> dict[int, str]:

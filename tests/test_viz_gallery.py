@@ -31,8 +31,6 @@ def test_px_code_takes_cells_by_their_ids_in_the_order_given():
         px_code(nb04, ["ex2-solution", "no_such_cell"])
 
 
-@pytest.mark.cluster
-@pytest.mark.slow
 def test_viz_gallery_writes_every_figure_from_real_runs(tmp_path):
     out = tmp_path / "gallery"
     env = {**os.environ, "COURSE_CLUSTER_ID": f"pytest-gallery-{os.getpid()}",

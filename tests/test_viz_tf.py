@@ -47,7 +47,6 @@ def runs():
         cc.stop(force=True)
 
 
-@pytest.mark.cluster
 def test_bytes_per_step_are_the_variables_sizes(runs):
     for mode in ("async", "sync"):
         assert [r["worker"] for r in runs[mode]] == [0, 1]
@@ -66,7 +65,6 @@ def test_bytes_per_step_are_the_variables_sizes(runs):
             assert not any(m["per_example"] for m in rec["traffic"])
 
 
-@pytest.mark.cluster
 def test_staleness_is_zero_in_sync_mode_and_counts_updates_in_async(runs):
     sync_steps = [s for r in runs["sync"] for s in r["steps"]]
     applied = [s for s in sync_steps if not s["dropped"]]
@@ -81,7 +79,6 @@ def test_staleness_is_zero_in_sync_mode_and_counts_updates_in_async(runs):
         assert all(s["end"] >= s["start"] for s in r["steps"]) and r["steps"][0]["first"]
 
 
-@pytest.mark.cluster
 def test_measured_steps_per_second_tell_async_from_sync(runs):
     fast, slow = (ps_traffic.throughput(runs[m]) for m in ("async", "sync"))
     for got in (fast, slow):
@@ -92,7 +89,6 @@ def test_measured_steps_per_second_tell_async_from_sync(runs):
     assert slow["gradients"] == pytest.approx(2 * slow["updates"], abs=3)
 
 
-@pytest.mark.cluster
 def test_the_original_ships_activations_to_the_ps_and_the_repair_does_not(runs):
     place = runs["placement"]
     assert place["worker"] == 1
@@ -105,7 +101,6 @@ def test_the_original_ships_activations_to_the_ps_and_the_repair_does_not(runs):
     assert fixed["ops"]["/job:worker/task:1"].get("loss", 0) > 0
 
 
-@pytest.mark.cluster
 def test_ps_figures_render_from_the_run(runs):
     modes = {k: runs[k] for k in ("async", "sync")}
     figs = [ps_traffic.ps_traffic(modes), ps_traffic.staleness(modes),

@@ -19,8 +19,6 @@ from course_utils.torch_dist import live_log, perf, record  # noqa: E402
 from course_utils.torch_dist.p2p import chunk_bounds  # noqa: E402
 from course_utils.viz import cheatsheet, ring  # noqa: E402
 
-pytestmark = pytest.mark.cluster
-
 CID = f"pytest-viz-{os.getpid()}"
 P = 4
 

@@ -1,1 +1,2 @@
-"""Test rigs that simulate machines on this one (see twohosts.py). Imported by tests only."""
+"""Test rigs that simulate machines on this one (twohosts.py, slurm.py, browser.py; what they
+share is in common.py). Imported as ``tests.rigs.*`` only, so each rig module exists once."""

@@ -3,7 +3,8 @@
 Only the Debian packages are used (``/usr/bin/chromium``, ``/usr/bin/chromedriver``); Selenium
 Manager never runs because the Service is given the driver's path. Tests call
 :func:`require_chromium` (through the ``chromium`` fixture), which installs the packages only when
-``CI=true`` or ``COURSE_TEST_INSTALL=1`` and otherwise skips, naming the command that enables them.
+``CI=true`` or ``COURSE_TEST_INSTALL=1``; a missing piece fails under ``CI=true`` and elsewhere
+skips, naming the command that enables it (:func:`tests.rigs.common.unavailable`).
 
 Fixtures (register with ``pytest_plugins = ["tests.rigs.browser"]``): ``chromium`` (one headless
 driver per session) and ``browser_screenshot_dir``.
@@ -33,7 +34,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +47,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from course_utils import procs
+from course_utils.cluster.ports import free_port
+from tests.rigs.common import install_allowed, unavailable
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -73,10 +77,6 @@ class PageWaitTimeout(AssertionError):
 # --------------------------------------------------------------------------- packages
 
 
-def _install_wanted() -> bool:
-    return os.environ.get("CI") == "true" or os.environ.get("COURSE_TEST_INSTALL") == "1"
-
-
 def _apt(*args: str, timeout: float) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     proc = subprocess.run(["apt-get", *args], env=env, capture_output=True, text=True,
@@ -91,17 +91,14 @@ def require_chromium() -> None:
     try:
         import selenium  # noqa: F401
     except ImportError:
-        msg = "selenium is not installed. Enable: pip install -e '.[test]'"
-        if _install_wanted():
-            pytest.fail(msg, pytrace=False)
-        pytest.skip(msg)
+        unavailable("selenium is not installed", "pip install -e '.[test]'")
     if CHROMIUM.exists() and CHROMEDRIVER.exists():
         return
-    if not _install_wanted():
-        pytest.skip(f"chromium/chromedriver not installed. Enable: {ENABLE_COMMAND}")
+    if not install_allowed():
+        unavailable("chromium/chromedriver not installed", ENABLE_COMMAND)
     if os.geteuid() != 0:
-        pytest.skip("installing chromium needs root; as root: apt-get install -y "
-                    + " ".join(APT_PACKAGES))
+        unavailable("installing chromium needs root",
+                    "apt-get install -y " + " ".join(APT_PACKAGES) + "  # as root")
     global _apt_updated
     if not _apt_updated:
         _apt("update", timeout=300)
@@ -117,18 +114,7 @@ def require_chromium() -> None:
 
 def chromium_processes(marker: str) -> list[int]:
     """Pids of live processes whose command line contains ``marker`` (a user-data-dir path)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in cmdline and state != "Z":
-            pids.append(int(entry.name))
-    return pids
+    return list(procs.pids_running(marker))
 
 
 def _kill_pids(pids: list[int]) -> None:
@@ -301,13 +287,6 @@ def browser_screenshot_dir() -> Path:
 
 
 # --------------------------------------------------------------------------- JupyterLab server
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def isolated_lab_args(state_dir: Path) -> list[str]:

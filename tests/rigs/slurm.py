@@ -26,9 +26,10 @@ Use it through the session fixture :func:`slurm_rig` (import it into a test modu
     finally:
         rig.teardown()
 
-``python tests/rigs/slurm.py`` brings a cluster up, prints its environment and waits for Enter.
+``python -m tests.rigs.slurm`` brings a cluster up, prints its environment and waits for Enter.
 Needs root and the Debian packages in :data:`PACKAGES`; they are installed only when ``CI=true``
-or ``COURSE_TEST_INSTALL=1``, otherwise the fixture skips and prints the command to run.
+or ``COURSE_TEST_INSTALL=1``; otherwise the fixture skips and prints the command to run (under
+``CI=true`` a rig that cannot be built fails: :func:`tests.rigs.common.unavailable`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+
+from course_utils import procs
+from course_utils.cluster.ports import free_port
+from tests.rigs.common import RigError, RigUnavailable, install_allowed, unavailable
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 """Debian packages the rig needs."""
@@ -80,21 +85,8 @@ _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 T = TypeVar("T")
 
 
-class RigError(RuntimeError):
-    """The rig failed: ``cause``, a ``Fix:`` line and, when known, the daemons' log tails."""
-
-    def __init__(self, cause: str, fix: str, logs: str = "") -> None:
-        self.cause, self.fix, self.logs = cause, fix, logs
-        text = f"{cause}\nFix: {fix}"
-        super().__init__(f"{text}\n{logs}" if logs else text)
-
-
-class RigUnavailable(Exception):
-    """The rig cannot be built on this machine (not root, packages missing); the reason says why."""
-
-
 # ---------------------------------------------------------------------------------------------
-# Small helpers (shareable with the two-host rig)
+# Small helpers
 # ---------------------------------------------------------------------------------------------
 
 def which(name: str) -> str | None:
@@ -106,12 +98,6 @@ def which(name: str) -> str | None:
 def missing_programs(names: Sequence[str] = BINARIES) -> list[str]:
     """The programs of ``names`` that are not installed."""
     return [name for name in names if which(name) is None]
-
-
-def install_allowed(environ: Mapping[str, str] | None = None) -> bool:
-    """True when tests may install system packages: ``CI=true`` or ``COURSE_TEST_INSTALL=1``."""
-    env = os.environ if environ is None else environ
-    return env.get("CI", "").lower() == "true" or env.get("COURSE_TEST_INSTALL") == "1"
 
 
 def ensure_packages(timeout: float = 900.0) -> None:
@@ -127,8 +113,8 @@ def ensure_packages(timeout: float = 900.0) -> None:
     if not missing:
         return
     if not install_allowed():
-        raise RigUnavailable(f"SLURM rig: {', '.join(missing)} not installed. Install with: "
-                             f"{INSTALL_COMMAND}  (or rerun with COURSE_TEST_INSTALL=1)")
+        raise RigUnavailable(f"SLURM rig: {', '.join(missing)} not installed. Enable: "
+                             f"{INSTALL_COMMAND}  # as root")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for cmd in (["apt-get", "update", "-q"],
                 ["apt-get", "install", "-y", "-q", "--no-install-recommends",
@@ -143,13 +129,6 @@ def ensure_packages(timeout: float = 900.0) -> None:
     if still:
         raise RigError(f"after installing {' '.join(PACKAGES)}, still missing: {still}",
                        "check that the packages provide these programs on this distribution")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that nobody listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(check: Callable[[], T | None], timeout: float, what: str,
@@ -170,41 +149,13 @@ def wait_until(check: Callable[[], T | None], timeout: float, what: str,
         time.sleep(interval)
 
 
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of process ``pid`` (field 22 of /proc/PID/stat), None if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _proc_pids() -> list[int]:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-
-
-def _parent_pid(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
-
-
-def _environ_has(pid: int, entry: bytes) -> bool:
-    try:
-        return entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-
-
 def marked_processes(root: Path) -> list[int]:
     """Pids of the processes of the run in ``root``: marked daemons and ``slurmstepd``s, and
     all their descendants (job tasks)."""
     entry = f"{MARKER}={root}".encode()
-    pids = _proc_pids()
-    found = {pid for pid in pids if pid != os.getpid() and _environ_has(pid, entry)}
-    parents = {pid: _parent_pid(pid) for pid in pids}
+    pids = procs.all_pids()
+    found = {pid for pid in pids if pid != os.getpid() and procs.environ_has(pid, entry)}
+    parents = {pid: procs.parent(pid) for pid in pids}
     grew = True
     while grew:
         new = {pid for pid, ppid in parents.items() if ppid in found and pid not in found}
@@ -225,20 +176,11 @@ def kill_processes(pids: Sequence[int], grace: float = 3.0) -> None:
             for pid in alive:
                 with contextlib.suppress(ChildProcessError, OSError):
                     os.waitpid(pid, os.WNOHANG)  # reap our own children
-            alive = [pid for pid in alive if is_running(pid)]
+            alive = [pid for pid in alive if procs.pid_alive(pid)]
             if alive:
                 time.sleep(0.05)
         if not alive:
             return
-
-
-def is_running(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def owner_alive(owner_file: Path) -> bool:
@@ -247,7 +189,7 @@ def owner_alive(owner_file: Path) -> bool:
         pid_text, start = owner_file.read_text().split()
     except (OSError, ValueError):
         return False
-    return process_start_time(int(pid_text)) == start
+    return procs.start_time(int(pid_text)) == start
 
 
 def clean_stale(base: Path = BASE) -> list[Path]:
@@ -380,7 +322,7 @@ class SlurmRig:
         os.chmod(BASE, 0o755)  # munged wants every directory up to its socket searchable
         root = Path(tempfile.mkdtemp(prefix=f"run-{os.getpid()}-", dir=BASE))
         os.chmod(root, 0o755)
-        (root / "owner").write_text(f"{os.getpid()} {process_start_time(os.getpid())}\n")
+        (root / "owner").write_text(f"{os.getpid()} {procs.start_time(os.getpid())}\n")
         if hosts is None:
             nodes: dict[str, tuple[str | None, str]] = {_short_hostname(): (None, "127.0.0.1")}
             ctld_addr = "127.0.0.1"
@@ -647,9 +589,7 @@ def require_rig() -> None:
     try:
         ensure_packages()
     except RigUnavailable as exc:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI must run the SLURM rig: {exc}")
-        pytest.skip(str(exc))
+        unavailable(str(exc))
 
 
 @pytest.fixture(scope="session")

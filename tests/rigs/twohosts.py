@@ -19,8 +19,9 @@ The rig the multi-host tests (unit 6 onwards) point ipyparallel's SSH launchers 
   kernel has it (:func:`netem_unavailable` says why not).
 
 Needs root, ``ip``/``tc`` (iproute2) and Debian's openssh-server; :func:`prerequisites` installs
-the latter only when ``CI=true`` or ``COURSE_TEST_INSTALL=1``. Run ``python -m tests.rigs.twohosts``
-to build a rig by hand and keep it until Ctrl-C, or ``... clean`` to remove stale runs.
+the latter only when ``CI=true`` or ``COURSE_TEST_INSTALL=1`` (:mod:`tests.rigs.common`).
+Run ``python -m tests.rigs.twohosts`` to build a rig by hand and keep it until Ctrl-C, or
+``... clean`` to remove stale runs.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from course_utils import procs
+from tests.rigs.common import RigError, RigUnavailable, install_allowed, unavailable
+
 PREFIX = "crig"  # every namespace, link and work directory of a rig starts with this
 SUPERNET = ipaddress.ip_network("10.213.0.0/16")  # /24 subnets handed out from here
 IFNAME = "rig0"  # the hosts' interface name, the same in both (a profile's socket_ifname)
@@ -63,14 +67,6 @@ def _new_run_id() -> str:
     global _seq
     _seq += 1
     return f"{os.getpid():x}_{_seq}"
-
-
-class RigError(RuntimeError):
-    """A rig step failed: the command, its output, and what to check."""
-
-
-class RigUnavailable(RigError):
-    """This machine cannot build the rig (not root, no ``ip netns``, no sshd)."""
 
 
 @dataclass(frozen=True)
@@ -110,20 +106,6 @@ def _ip_json(*args: str) -> list[dict]:
     return json.loads(out) if out else []
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
-
-
 _prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not between fork and exec
 
 
@@ -145,10 +127,6 @@ def _lock() -> Iterator[None]:
 
 
 # --------------------------------------------------------------------------- prerequisites
-
-
-def _install_wanted() -> bool:
-    return os.environ.get("CI") == "true" or os.environ.get("COURSE_TEST_INSTALL") == "1"
 
 
 def install_openssh(timeout: float = 600) -> None:
@@ -200,17 +178,14 @@ def prerequisites(install: bool | None = None) -> str | None:
     missing = [p for p in (SSHD, SFTP_SERVER) if not os.path.exists(p)]
     missing += [t for t in ("ssh", "scp", "ssh-keygen") if shutil.which(t) is None]
     if missing:
-        if install if install is not None else _install_wanted():
+        if install if install is not None else install_allowed():
             try:
                 install_openssh()
             except RigUnavailable as e:
                 return str(e)
             still = prerequisites(install=False)
             return still and f"installed openssh-server, but: {still}"
-        return (
-            f"OpenSSH is missing ({', '.join(missing)}); run `{INSTALL_CMD}`, "
-            "or set COURSE_TEST_INSTALL=1 to let the tests install it"
-        )
+        return f"OpenSSH is missing ({', '.join(missing)}). Enable: {INSTALL_CMD}  # as root"
     return None
 
 
@@ -262,17 +237,6 @@ def _workdirs() -> list[Path]:
     return sorted(Path(tempfile.gettempdir()).glob(f"{PREFIX}*"))
 
 
-def _processes_mentioning(marker: str) -> list[int]:
-    """Pids whose command line contains ``marker`` (a rig's work directory or namespace name)."""
-    pids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            with contextlib.suppress(OSError):
-                if marker.encode() in (d / "cmdline").read_bytes():
-                    pids.append(int(d.name))
-    return [p for p in pids if _pid_alive(p)]
-
-
 def _kill_netns_processes(ns: str, grace: float = 2.0) -> None:
     """SIGTERM, then SIGKILL, every process inside namespace ``ns``; wait until they are gone."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)):
@@ -283,7 +247,7 @@ def _kill_netns_processes(ns: str, grace: float = 2.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+        while time.monotonic() < deadline and any(procs.pid_alive(p) for p in pids):
             time.sleep(0.05)
 
 
@@ -292,7 +256,7 @@ def remove_run(run_id: str) -> None:
     for ns in _of_run(_netns_names(), run_id):
         _kill_netns_processes(ns)
         sh(["ip", "netns", "del", ns], check=False)
-    for pid in _processes_mentioning(f"{PREFIX}{run_id}-"):
+    for pid in procs.pids_running(f"{PREFIX}{run_id}-"):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     for link in _of_run(_link_names(), run_id):
@@ -311,7 +275,7 @@ def leftovers(run_id: str) -> list[str]:
         left += [f"process {p} in {ns}" for p in pids]
     left += [f"link {n}" for n in _of_run(_link_names(), run_id)]
     left += [f"file {d}" for d in _workdirs() if _of_run([d.name], run_id)]
-    left += [f"process {p}" for p in _processes_mentioning(f"{PREFIX}{run_id}-")]
+    left += [f"process {p}" for p in procs.pids_running(f"{PREFIX}{run_id}-")]
     return left
 
 
@@ -319,7 +283,7 @@ def clean_stale() -> list[str]:
     """Remove the rigs of processes that are gone (crashed runs); return their run ids."""
     names = _netns_names() + _link_names() + [d.name for d in _workdirs()]
     runs = {r for r in map(_run_of, names) if r is not None}
-    stale = sorted(rid for pid, rid in runs if not _pid_alive(pid))
+    stale = sorted(rid for pid, rid in runs if not procs.pid_alive(pid))
     for rid in stale:
         remove_run(rid)
     return stale
@@ -694,14 +658,10 @@ def port_open(address: str, port: int, timeout: float = 1.0) -> bool:
 @contextlib.contextmanager
 def rig_or_skip(**kw) -> Iterator[TwoHostRig]:
     """A built rig for a pytest fixture; skips (fails under CI=true) where none can be built."""
-    import pytest
-
     try:
         rig = TwoHostRig(**kw).build()
     except RigUnavailable as e:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"two-host rig unavailable in CI: {e}")
-        pytest.skip(f"two-host rig unavailable: {e}")
+        unavailable(f"two-host rig unavailable: {e}")
     try:
         yield rig
     finally:

@@ -1,0 +1,31 @@
+"""How the suite shares its work between xdist workers (pyproject.toml's addopts): a notebook's
+cells stay on one worker, since nbval runs them in order in one kernel."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_notebooks_cells_run_on_one_worker(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"x = {i}") for i in range(8)])
+    nbformat.write(nb, tmp_path / "cells.ipynb")
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text("".join(f"def test_{i}():\n    pass\n" for i in range(4)))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-c", str(ROOT / "pyproject.toml"), "--rootdir",
+         str(tmp_path), "-n", "2", "-v", "-p", "no:randomly", "--timeout=120", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    workers: dict[str, set[str]] = {}
+    for worker, nodeid in re.findall(r"\[(gw\d)\][^\n]*PASSED (\S+)", out.stdout):
+        # xdist prints a notebook's cell as "cells::ipynb::Cell 0"
+        workers.setdefault(nodeid.split("::")[0].removesuffix(".ipynb"), set()).add(worker)
+    assert set(workers) == {"cells", "test_a.py", "test_b.py"}, out.stdout[-3000:]
+    assert all(len(w) == 1 for w in workers.values()), workers
