@@ -11,7 +11,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-#: Environment variables read here (documented in the README).
+#: Environment variables read here (documented in docs/instructor.md).
 ENV_ENGINES = "COURSE_ENGINES"
 ENV_CLUSTER_ID = "COURSE_CLUSTER_ID"
 ENV_PROFILE = "COURSE_PROFILE"

@@ -363,8 +363,8 @@ def test_second_kernel_joins_a_busy_cluster_without_stopping_it(cluster):
 
 
 def readme_listeners() -> dict[str, str]:
-    """The README's "What listens" table: what -> where it listens."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    """The "What listens" table of docs/cluster.md: what -> where it listens."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cluster.md").read_text()
     section = text.split("### What listens", 1)[1].split("\n#", 1)[0]
     rows = [ln.strip().strip("|").split("|") for ln in section.splitlines()
             if ln.startswith("|") and "---" not in ln]
@@ -385,7 +385,7 @@ def test_only_tf_grpc_servers_listen_beyond_loopback(cluster):
     assert by_port[master_port].addr == "127.0.0.1"  # torch's store: loopback
     assert {x.port for x in exposure.exposed(listeners)} == tf_ports
     assert all(x.role.startswith("rank") for x in exposure.exposed(listeners))
-    # the README says exactly this
+    # docs/cluster.md says exactly this
     table = readme_listeners()
     wide = {what for what, where in table.items() if "all interfaces" in where}
     assert wide and all("gRPC" in what for what in wide), table

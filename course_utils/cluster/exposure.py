@@ -4,7 +4,7 @@ On the local profile everything the course starts binds the loopback address, ex
 TensorFlow cannot be told: a ``tf.distribute.Server`` (units 4-5, and unit 5's coordinator in
 the kernel) listens on ``0.0.0.0:<port>`` whatever host its ClusterSpec names (TensorFlow's
 gRPC server adds its port as ``0.0.0.0:<port>``; no option or variable changes that).
-``course doctor`` prints this report; the README's "What listens" table says the same.
+``course doctor`` prints this report; the "What listens" table of docs/cluster.md says the same.
 """
 
 from __future__ import annotations

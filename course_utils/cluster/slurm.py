@@ -1,7 +1,7 @@
 """Engines as a Slurm job: the batch script, Slurm's own words, and a job stuck in the queue.
 
-No notebook calls this module: ``COURSE_PROFILE=profiles/slurm.toml`` (README, instructor's
-guide) makes the same ``cu.start()`` of ``00_cluster_tour`` keep the controller in the kernel's
+No notebook calls this module: ``COURSE_PROFILE=profiles/slurm.toml`` (docs/instructor.md)
+makes the same ``cu.start()`` of ``00_cluster_tour`` keep the controller in the kernel's
 process and submit the engines as one Slurm job through ipyparallel's Slurm launcher: one task
 per engine, ``srun`` starts them, each engine reports ``SLURM_PROCID`` / ``SLURM_LOCALID`` /
 ``SLURM_NODEID`` (:func:`course_utils.cluster.engine.slurm_facts`) and the rank map follows them

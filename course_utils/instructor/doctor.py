@@ -119,7 +119,7 @@ def check_cluster(engines: int, timeout: float, tf: bool = False,
 
 def check_exposure(cc, tf_ports: set[int]) -> Check:
     """What the course's processes listen on: only TF's gRPC servers may listen beyond the
-    loopback address (TensorFlow cannot be told otherwise; the README says so)."""
+    loopback address (TensorFlow cannot be told otherwise; docs/cluster.md says so)."""
     from ..cluster import exposure
 
     try:
@@ -132,7 +132,7 @@ def check_exposure(cc, tf_ports: set[int]) -> Check:
     tf = sorted(x.port for x in wide if x.port in tf_ports)
     if tf:
         detail += (f"; on ALL interfaces while TF servers run: ports {tf} (TensorFlow's gRPC "
-                   "server binds 0.0.0.0 whatever its ClusterSpec says; README: What listens)")
+                   "server binds 0.0.0.0 whatever its ClusterSpec says; docs/cluster.md)")
     if odd:
         detail += "; unexpected: " + ", ".join(x.text() for x in odd)
     return Check("exposure", not odd, detail,

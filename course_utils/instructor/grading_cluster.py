@@ -44,7 +44,7 @@ class GradingCluster:
     :meth:`restart` ends every process the previous notebook left (controller, engines, the
     kernel, engines its ``cu.restart()`` started) and starts a new controller and engines.
     Measured against keeping the controller and replacing only the engines, the difference is
-    small (see the README), and a fresh cluster survives a student's ``cu.stop(force=True)``.
+    small (docs/instructor.md), and a fresh cluster survives a student's ``cu.stop(force=True)``.
     """
 
     def __init__(self, engines: int | None = None, start_timeout: float | None = None) -> None:
