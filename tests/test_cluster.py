@@ -233,6 +233,25 @@ def test_timed_out_group_says_it_is_gone_and_restart_cures(cluster):
     assert cluster.run(rank_sum) == [3.0, 3.0]
 
 
+def test_a_dead_rank_is_named_with_the_cure_not_a_bare_key_error(cluster):
+    from course_utils.errors import EngineError
+
+    with pytest.raises(EngineError):
+        cluster.run_on(1, os._exit, 3, timeout=10)  # rank 1's engine dies mid-call
+    deadline = time.monotonic() + 30  # the controller drops it after missed heartbeats
+    while cluster.ranks[1].engine_id in cluster.client.ids and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for call in (lambda: cluster.run(rank_sum, timeout=10),
+                 lambda: cluster.run_on(1, rank_sum, timeout=10)):
+        t0 = time.perf_counter()
+        with pytest.raises(EngineError) as err:
+            call()
+        print(f"{time.perf_counter() - t0:.2f} s: {err.value}\nFix: {err.value.fix}")
+        assert "rank 1 is gone" in str(err.value) and "cu.restart()" in err.value.fix
+    cluster.restart()
+    assert cluster.ping() and cluster.world_size == 2
+
+
 def test_world_size_mismatch_is_clear(cluster):
     with pytest.raises(WorldSizeMismatch, match="world_size=3 was asked but the cluster has 2"):
         torch_dist.start(cluster, world_size=3)

@@ -190,3 +190,16 @@ def test_stale_stack_files_are_removed_live_ones_kept():
     finally:
         live.unlink(missing_ok=True)
         dead.unlink(missing_ok=True)
+
+
+def test_a_mismatch_torch_did_not_spell_per_rank_still_says_something():
+    from course_utils.torch_dist.messages import mismatch_error
+
+    text = ("Detected mismatch between collectives on ranks. Rank 1 is running inconsistent "
+            "collective: CollectiveFingerPrint(OpType=BARRIER)")
+    err = str(mismatch_error([text]))
+    assert "collective #" not in err, err  # no empty sequence number
+    assert "torch said: Detected mismatch" in err and "OpType=BARRIER" in err, err
+    assert "returns early" in err, err
+    full = str(mismatch_error([MISMATCH_0]))
+    assert "collective #1 of the group" in full and "rank 0: all_reduce, shape [2, 2]" in full

@@ -19,10 +19,17 @@ from typing import Any
 import ipyparallel as ipp
 
 from .. import settings
-from ..errors import ClusterNotRunning, ClusterTimeout, ProcessGroupGone, WorldSizeMismatch
+from ..errors import (
+    ClusterNotRunning,
+    ClusterTimeout,
+    EngineError,
+    ProcessGroupGone,
+    WorldSizeMismatch,
+)
 from . import controller, engine, launching, registry, sharing
 from .cluster_files import read_rank_map, write_course_file
 from .engine_errors import engine_error, ipython, show_engine_errors_plainly
+from .failures import rank_list
 from .profiles import ClusterProfile
 from .ranks import RankMap, build_rank_map
 from .stuck_calls import StuckCalls, queued_behind_others, ranks_of
@@ -114,8 +121,17 @@ class CourseCluster:
         return True
 
     def _check_stuck(self) -> None:
-        """Fail at once, naming the cure, while ranks still run a call that timed out."""
+        """Fail at once, naming the cure, while ranks still run a call that timed out or
+        when a rank's engine is gone (else ipyparallel answers with a bare ``KeyError: 1``)."""
         self._follow_replaced_engines()
+        gone = [info.rank for info in self.ranks if info.engine_id not in set(self.client.ids)]
+        if gone:
+            raise EngineError(
+                f"{rank_list(gone)} {'is' if len(gone) == 1 else 'are'} gone: the engine died "
+                "or lost contact with the controller, so no call can reach "
+                f"{'it' if len(gone) == 1 else 'them'}",
+                "run `cu.restart()` (it replaces the engines and rebuilds the process group), "
+                "then re-run this unit's set-up cell")
         if not self._stuck.last:
             return
         try:

@@ -63,13 +63,19 @@ def mismatch_error(messages: Sequence[str]) -> CollectiveMismatch:
     differ = [k for k in ("op", "shape", "dtype") if len({c[k] for c in calls.values()}) > 1]
     what = {"op": "the collective called", "shape": "tensor shape", "dtype": "dtype"}
     seq = sorted({c["seq"] for c in calls.values()})
+    where = f", collective #{'/'.join(seq)} of the group" if seq else ""
+    if rows:
+        said = "\n  ".join(rows) + (
+            f"\nThey differ in {' and '.join(what[k] for k in differ)}." if differ else "")
+    else:  # torch's words did not name each rank's call: show them rather than nothing
+        first = next((t for t in messages if t.strip()), "(no message)")
+        said = "torch said: " + " ".join(first.split())[:400]
     return CollectiveMismatch(
         "the ranks called collectives that do not match (caught at once by "
-        f"TORCH_DISTRIBUTED_DEBUG=DETAIL, collective #{'/'.join(seq)} of the group):\n  "
-        + "\n  ".join(rows)
-        + (f"\nThey differ in {' and '.join(what[k] for k in differ)}." if differ else ""),
+        f"TORCH_DISTRIBUTED_DEBUG=DETAIL{where}):\n  " + said,
         "every rank must call the same collectives in the same order, with tensors of the "
-        "same shape and dtype (a size that depends on the rank is the usual cause); the group "
+        "same shape and dtype (a size that depends on the rank, or a rank that returns early "
+        "or skips a collective inside an `if rank == ...`, is the usual cause); the group "
         "is still usable: fix the code and re-run the cell",
     )
 
