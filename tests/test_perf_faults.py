@@ -129,7 +129,8 @@ def test_join_elastic_stops_torchrun_and_its_workers_at_the_timeout(tmp_path):
 
 
 def test_atomic_save_child_really_dies_mid_save(tmp_path):
-    torch = pytest.importorskip("torch")
+    import torch
+
     from course_utils.checks import watchdog_and_save as probes
     from course_utils.checks.watchdog_and_save import tiny_run
 
@@ -152,6 +153,12 @@ def test_atomic_save_child_really_dies_mid_save(tmp_path):
         except Exception:
             step = None
         assert (step == 3) if survives else (step is None), (save.__name__, step)
+
+    def unsolved(state, path):
+        raise NotImplementedError("Exercise 2: replace this line with your code")
+
+    code, err = probes._forked_child(unsolved, str(tmp_path / "u.pt"), 6, 3, 30)
+    assert code == 1 and err == "NotImplementedError: Exercise 2: replace this line with your code"
 
 
 def test_tf_drill_spec_names_the_missing_ps():

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any
 
+from .. import settings
 from .common import learner
 
 
@@ -88,16 +89,31 @@ def _forked_child(save: Any, path: str, steps: int, crash_at: int, timeout: floa
                   ) -> tuple[int | None, str]:
     import torch
 
+    read_end, write_end = os.pipe()  # the child's error, if the learner's save raised
     pid = os.fork()
     if pid == 0:  # the child: train, save with the learner's function, die mid-save
+        os.close(read_end)
+        code = 0
         try:
             # OpenMP's thread pool does not survive a fork (a parallel region would hang): the
             # child computes on one thread, which its tiny model needs anyway.
             torch.set_num_threads(1)
             torch.save = _dying_save(save, crash_at)
             tiny_run(0, steps, lambda state: save(state, path))
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit 1
+            os.write(write_end, f"{type(exc).__name__}: {exc}"[:300].encode())
+            code = 1
         finally:
-            os._exit(0)
+            os._exit(code)
+    os.close(write_end)
+    try:
+        code, err = _wait_child(pid, timeout)
+        return code, err or os.read(read_end, 400).decode(errors="replace")
+    finally:
+        os.close(read_end)
+
+
+def _wait_child(pid: int, timeout: float) -> tuple[int | None, str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -117,7 +133,7 @@ def _fresh_child(save: Any, path: str, steps: int, crash_at: int, timeout: float
     job = os.path.join(folder, "atomic-check-job.pkl")
     with open(job, "wb") as fh:
         cloudpickle.dump((save, path, steps, crash_at), fh)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = str(settings.course_root())
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, job], capture_output=True,

@@ -20,9 +20,9 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from .. import settings
 from ..cluster import CourseCluster, current, ports
 from .spec import (
     TFServerNotAnswering,
@@ -152,7 +152,7 @@ def engine_start_zygote() -> int:
     proc = _ZYGOTE.get("proc")
     if proc is not None and proc.poll() is None:
         return int(proc.pid)
-    root = str(Path(__file__).resolve().parents[2])   # the folder holding course_utils
+    root = str(settings.course_root())
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("TF_CONFIG", None)
