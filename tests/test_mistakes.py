@@ -13,6 +13,7 @@ the notebook's cells re-run from the top.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import copy
 import importlib.util
@@ -28,7 +29,21 @@ from course_utils.instructor.graded_tests import with_solution
 from course_utils.notebook_cells import is_test_cell, nbgrader_meta
 
 MISTAKE_DIR = Path(__file__).parent / "mistakes"
-MISTAKES = sorted(MISTAKE_DIR.glob("u*.py"))
+
+
+def _cell_order(path: Path) -> tuple[str, int, str]:
+    """Notebook, then the position of the planted solution cell: the catalogue runs forwards
+    through each notebook (one kernel), so a mistake in exercise 1 must come before one in 2."""
+    text = path.read_text()
+    consts = {k: v for k, v in (ln.split(" = ", 1) for ln in text.splitlines()
+                                if ln.startswith(("NOTEBOOK = ", "GRADE_ID = ")))}
+    notebook, grade = (ast.literal_eval(consts[k]) for k in ("NOTEBOOK", "GRADE_ID"))
+    cells = read(NOTEBOOK_DIR / notebook).cells
+    at = next((i for i, c in enumerate(cells) if nbgrader_meta(c).get("grade_id") == grade), -1)
+    return notebook, at, path.name
+
+
+MISTAKES = sorted(MISTAKE_DIR.glob("u*.py"), key=_cell_order)
 MISTAKES_NOTEBOOKS = sorted({p.name for p in NOTEBOOK_DIR.glob("*.ipynb")})
 FIELDS = ("NOTEBOOK", "GRADE_ID", "BODY", "FAILS", "MESSAGE", "WITHIN_S")
 

@@ -7,6 +7,7 @@ function under observation and returns plain data for the test cell's asserts.
 from __future__ import annotations
 
 from .capstone import check_tf_capstone, engine_check_capstone, engine_check_resume
+from .collective_calls import engine_check_collectives
 from .common import learner_line
 from .data_parallel import dp_step_problem, engine_check_dp_step
 from .feedback import feedback
@@ -18,6 +19,7 @@ from .watchdog_and_save import engine_check_atomic_save, engine_check_watchdog
 
 __all__ = ["check_tf_capstone", "dp_step_problem", "engine_check_all_reduce",
            "engine_check_atomic_save", "engine_check_capstone", "engine_check_checkpoint",
+           "engine_check_collectives",
            "engine_check_ddp",
            "engine_check_dp_step", "engine_check_overlap_dp", "engine_check_point_to_point_only",
            "engine_check_resume", "engine_check_sampler", "engine_check_train_graph",
