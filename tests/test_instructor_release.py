@@ -177,3 +177,14 @@ def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     assert cache_dir() == tmp_path / "x" / "dist-training-course"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert cache_dir() == Path.home() / ".cache" / "dist-training-course"
+
+
+def test_a_config_written_before_the_set_up_moved_is_pointed_at_its_new_module(tmp_path):
+    from course_utils.assignments.release import update_config, write_config
+
+    path = write_config(tmp_path)
+    new = path.read_text()
+    old = new.replace("course_utils.assignments import", "course_utils.instructor import")
+    path.write_text(old + "# the instructor's own line\n")
+    update_config(tmp_path)
+    assert path.read_text() == new + "# the instructor's own line\n"

@@ -106,6 +106,20 @@ def write_config(root: Path, course_id: str = COURSE_ID, cell_timeout: int = CEL
     return path
 
 
+#: The set-up module's earlier home: a config written before it moved imports it from there.
+_OLD_IMPORT = "from course_utils.instructor import nbgrader_setup"
+
+
+def update_config(root: Path) -> None:
+    """Point an existing ``nbgrader_config.py`` at :mod:`.nbgrader_setup`'s present module,
+    keeping the instructor's edits (course folders and the learner's cache outlive a move)."""
+    path = Path(root) / "nbgrader_config.py"
+    text = path.read_text()
+    if _OLD_IMPORT in text:
+        path.write_text(text.replace(_OLD_IMPORT, "from course_utils.assignments import "
+                                                  "nbgrader_setup"))
+
+
 def load_config(root: str | Path):  # noqa: ANN201 - traitlets Config
     """The traitlets config of the course folder ``root`` (its ``nbgrader_config.py``)."""
     from traitlets.config.loader import Config, PyFileConfigLoader
@@ -180,6 +194,8 @@ def release(outdir: str | Path, units: list[int] | None = None,
         (root / name).mkdir(exist_ok=True)
     if not (root / "nbgrader_config.py").exists():
         write_config(root, course_id, cell_timeout, notebook_timeout)
+    else:
+        update_config(root)
     paths = lesson_notebooks(units, Path(notebook_dir) if notebook_dir else None)
     if not paths:
         raise ReleaseError(f"no lesson notebooks in {notebook_dir or NOTEBOOK_DIR}",
