@@ -42,3 +42,46 @@ def pytest_sessionstart(session) -> None:
     with open(os.path.join(tempfile.gettempdir(), "course-kernelspec.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         kernelspec.install()
+
+
+#: The cluster id every test of this process uses, and the notebooks whose own ids were handed out.
+_BASE_ID = os.environ["COURSE_CLUSTER_ID"]
+_NOTEBOOK_IDS: dict[str, str] = {}
+
+
+def _notebook_of(item) -> str | None:
+    path = getattr(item.parent, "path", None)
+    return path.stem if path is not None and path.suffix == ".ipynb" else None
+
+
+def _stop_left_over(cluster_id: str) -> None:
+    """Stop a notebook's cluster if its kernel died before its teardown cell (a timeout): its
+    engines would keep their imports and load, and nothing else would ever join them."""
+    from course_utils.cluster.lifecycle import stop_running
+
+    try:
+        stop_running(cluster_id)
+    except Exception as exc:  # a clean-up: say so, never fail the next test for it
+        print(f"conftest: could not stop cluster {cluster_id!r}: {exc}")
+
+
+def pytest_runtest_setup(item) -> None:
+    # Each notebook gets a cluster id of its own: nbval starts its kernel at the notebook's
+    # first cell and the kernel reads the id then. So a notebook never joins engines another
+    # notebook or test left behind (a TF notebook's engines would refuse torch afterwards), and
+    # a notebook that hung cannot hold up the next one. Other tests use the worker's id.
+    stem = _notebook_of(item)
+    if stem is None:
+        os.environ["COURSE_CLUSTER_ID"] = _BASE_ID
+        return
+    if stem not in _NOTEBOOK_IDS:
+        for earlier in _NOTEBOOK_IDS.values():
+            _stop_left_over(earlier)
+        _NOTEBOOK_IDS[stem] = f"{_BASE_ID}-nb{stem[:2]}"
+    os.environ["COURSE_CLUSTER_ID"] = _NOTEBOOK_IDS[stem]
+
+
+def pytest_sessionfinish(session) -> None:
+    for cluster_id in _NOTEBOOK_IDS.values():
+        _stop_left_over(cluster_id)
+    os.environ["COURSE_CLUSTER_ID"] = _BASE_ID
