@@ -55,3 +55,45 @@ def test_nbgrader_metadata(path):
     for c in solutions:
         assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source, (
             nbgrader_meta(c)["grade_id"])
+
+
+def _names_a_learner_must_write(source: str) -> set[str]:
+    """The top-level names a solution cell's solution region defines (assigned, or a def or
+    class): what the tests after it read, so what the text must tell the learner to write."""
+    import ast
+
+    body = re.search(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", source, re.S)
+    if not body:
+        return set()
+    lines = [ln for ln in source.splitlines() if not ln.startswith("%%")]
+    tree = ast.parse("\n".join(lines))
+    start = source[: body.start()].count("\n") - sum(ln.startswith("%%") for ln in
+                                                     source[: body.start()].splitlines()) + 1
+    end = start + body.group(1).count("\n")
+    names: set[str] = set()
+    for node in tree.body:
+        if not start <= node.lineno <= end + 1:
+            continue  # given lines around the region, and what the region does inside a def
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        for target in getattr(node, "targets", []) + [getattr(node, "target", None)]:
+            if isinstance(target, ast.Name) and target.id.isupper():
+                names.add(target.id)   # module-level constants a test reads (PREDICTED_...)
+    return names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_graded_cells_names_are_in_the_text_before_it(path):
+    """A learner sees only the text and the stub: every name a solution defines at top level and
+    the tests read must be named (`like_this`) in the cells before it."""
+    nb = read(path)
+    missing = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or not is_solution_cell(cell):
+            continue
+        before = "\n".join(c.source for c in nb.cells[:i]) + "\n" + re.sub(
+            r"### BEGIN SOLUTION\n.*?### END SOLUTION", "", cell.source, flags=re.S)
+        for name in sorted(_names_a_learner_must_write(cell.source)):
+            if not re.search(rf"`[^`]*\b{re.escape(name)}\b[^`]*`|\b{re.escape(name)}\(", before):
+                missing.append(f"{nbgrader_meta(cell).get('grade_id')}: {name}")
+    assert not missing, f"{path.name}: names the text never gives the learner: {missing}"
