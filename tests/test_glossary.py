@@ -130,3 +130,16 @@ def test_seed_only_means_a_random_seed(path):
     bad = [(i, m.group(0)) for i, c in enumerate(nb.cells)
            for m in re.finditer(r"\bseeds?\b", SEED_ALLOWED.sub("", c.source), re.IGNORECASE)]
     assert not bad, f"{path.name}: 'seed' not as a random seed in cells {bad}"
+
+
+#: Words of the course's authors, not of the field: a learner reading alone trips on them.
+AUTHORS_WORDS = re.compile(r"\brigs?\b|\bdrills?\b|\bas in CI\b|\bworkshop\b|\bseed_cnn\b|"
+                           r"\bthe reference solution\b", re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", source_notebooks(), ids=lambda p: p.name)
+def test_no_course_internal_words_in_what_learners_read(path):
+    nb = read(path)
+    bad = [(c.get("id"), m.group(0)) for c in nb.cells
+           for m in AUTHORS_WORDS.finditer(c.source)]
+    assert not bad, f"{path.name}: course-internal words (say what they mean instead): {bad}"

@@ -110,7 +110,7 @@ def test_models_are_seeded_and_shaped():
     a, b = train.digits_mlp(1), train.digits_mlp(1)
     assert torch.equal(train.flat_params(a), train.flat_params(b))
     assert not torch.equal(train.flat_params(a), train.flat_params(train.digits_mlp(2)))
-    cnn = train.seed_cnn(seed=0)
+    cnn = train.original_cnn(seed=0)
     assert cnn(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
     assert len(list(cnn.parameters())) == 6
 
@@ -193,7 +193,7 @@ def save_everyone(m, o, epoch, path):
     torch.save({"model": m.state_dict(), "optimizer": o.state_dict(), "epoch": epoch}, path)
     dist.barrier()
 
-ck_model = DDP(train.seed_cnn(seed=0))
+ck_model = DDP(train.original_cnn(seed=0))
 ck_opt = torch.optim.SGD(ck_model.parameters(), lr=0.1, momentum=0.9)
 """
 

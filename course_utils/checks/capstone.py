@@ -43,7 +43,7 @@ def engine_check_resume(fn_name: str = "resume_or_start", folder: str = "/tmp"
     import torch
     import torch.distributed as dist
 
-    from ..torch_dist.train import flat_params, seed_cnn
+    from ..torch_dist.train import flat_params, original_cnn
 
     fn = learner(fn_name)
     rank = dist.get_rank()
@@ -51,12 +51,12 @@ def engine_check_resume(fn_name: str = "resume_or_start", folder: str = "/tmp"
     if rank == 0 and os.path.exists(path):
         os.remove(path)
     dist.barrier()
-    fresh = seed_cnn(seed=7)
+    fresh = original_cnn(seed=7)
     before = flat_params(fresh).clone()
     none_epoch = fn(fresh, torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9), path)
     untouched = bool(torch.equal(before, flat_params(fresh)))
     dist.barrier()   # every rank has looked for the file before rank 0 writes it
-    saved = seed_cnn(seed=11)
+    saved = original_cnn(seed=11)
     opt = torch.optim.SGD(saved.parameters(), lr=0.1, momentum=0.9)
     saved(torch.zeros(2, 3, 32, 32)).sum().backward()
     opt.step()
@@ -64,7 +64,7 @@ def engine_check_resume(fn_name: str = "resume_or_start", folder: str = "/tmp"
         torch.save({"model": saved.state_dict(), "optimizer": opt.state_dict(), "epoch": 5},
                    path)
     dist.barrier()
-    model = seed_cnn(seed=100 + rank)
+    model = original_cnn(seed=100 + rank)
     opt2 = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     epoch = fn(model, opt2, path)
     diff = float((flat_params(model) - flat_params(saved)).abs().max())

@@ -1,6 +1,6 @@
 """Unit 3's DDP training as a script: what ``torchrun`` and a Slurm job run (unit 6).
 
-The same model (:func:`course_utils.torch_dist.train.seed_cnn`), the same sampler, optimizer and
+The same model (:func:`course_utils.torch_dist.train.original_cnn`), the same sampler, optimizer and
 metrics as ``03_pytorch_ddp``, on the offline digits at 3x32x32 (:func:`course_utils.data.
 digits_as_cifar`), so it runs without network on any machine. ``torchrun`` sets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; the script
@@ -80,7 +80,7 @@ def train_steps(steps: int, batch: int = 32, lr: float = 0.05, seed: int = 0,
                 device: Any = None) -> dict[str, Any]:
     """*Collective.* Unit 3's DDP loop for ``steps`` steps in the current process group.
 
-    The model is :func:`course_utils.torch_dist.train.seed_cnn` (``seed``) wrapped in DDP, the
+    The model is :func:`course_utils.torch_dist.train.original_cnn` (``seed``) wrapped in DDP, the
     data the offline digits at 3x32x32 sharded by ``DistributedSampler`` (``set_epoch`` every
     epoch), SGD with momentum 0.9. Returns the last reduced metrics, the replica spread and a
     checksum of this rank's weights (equal on every rank when DDP kept the replicas equal).
@@ -102,7 +102,7 @@ def train_steps(steps: int, batch: int = 32, lr: float = 0.05, seed: int = 0,
     x = (torch.from_numpy(raw.x) - 0.5) / 0.5
     y = torch.from_numpy(raw.y)
     dataset = TensorDataset(x, y)
-    model = DDP(tr.seed_cnn(seed=seed).to(device),
+    model = DDP(tr.original_cnn(seed=seed).to(device),
                 device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,

@@ -54,9 +54,6 @@ def original_cnn(num_classes: int = 10, seed: int | None = None) -> nn.Module:
         )
 
 
-#: The former name of :func:`original_cnn` (kept so older code keeps working).
-seed_cnn = original_cnn
-
 
 def flat_params(model: nn.Module) -> torch.Tensor:
     """All parameters as one detached 1-D float64 tensor (a copy)."""
