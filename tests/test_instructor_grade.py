@@ -256,7 +256,7 @@ def build_class(course, folder: Path) -> dict[str, dict]:
         return {t: (p, "") if t in before else (0.0, later[t]) for t, p in tests.items()}
 
     untouched = {t: (0.0, why) for t, why in UNTOUCHED.items()}
-    dead = r"^NoEnginesRegistered: This operation requires engines"
+    dead = r"^EngineError: ranks 0-1 are gone: the engine died"
     students = {
         # untouched: every test runs on the stubs and fails with the instructor's message
         "a_untouched": (R(), "ex1-solution", untouched, "graded"),

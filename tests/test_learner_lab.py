@@ -372,7 +372,7 @@ def test_every_unit_states_its_time_and_objectives():
         assert info.minutes and 10 <= info.minutes <= 180, info
         assert len(info.objectives) >= 3 and all(len(o) > 20 for o in info.objectives), info
     unit0 = infos[0]
-    assert unit0.minutes == 75 and infos[1].minutes == 120 and infos[3].minutes == 120
+    assert unit0.minutes == 75 and infos[1].minutes == 180 and infos[3].minutes == 120
 
 
 def test_set_unit_metadata_round_trips():
