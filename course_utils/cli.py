@@ -59,7 +59,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # containers and CI run as root
     cmd += plan.jupyter_args + args.jupyter_args
-    env = {**os.environ, settings.ENV_CLUSTER_ID: cc.cluster_id}
+    env = plan.environment({**os.environ, settings.ENV_CLUSTER_ID: cc.cluster_id})
     proc = subprocess.Popen(cmd, env=env)
 
     stopping = False

@@ -12,7 +12,10 @@ dir, its own cluster id) serves every test here, in file order:
    exercise cells, training and its check; the rest of the unit costs a minute more and shows
    nothing new here) draw rank 0's tqdm bar as ONE line per epoch, in place;
 4. the IPython Parallel panel lists the course's cluster with its 2 engines, and its STOP
-   button says why it does not stop it.
+   button says why it does not stop it;
+5. the learner's lab shows none of nbgrader's instructor tools (no "Create Assignment" side
+   bar, no Nbgrader menu) and never asks about Jupyter news; the instructor's
+   ``course lab --source`` keeps the tools (a second lab, started for that check).
 
 Screenshots go to the folder printed at the start (``$COURSE_SCREENSHOT_DIR`` to choose it).
 """
@@ -94,7 +97,7 @@ def learner_lab(tmp_path_factory, browser_screenshot_dir):
            "JUPYTER_RUNTIME_DIR": str(state / "runtime"), "COURSE_ENGINES": "2"}
     for name in ("MPLBACKEND", "IPP_NONINTERACTIVE"):  # a learner's lab has neither
         env.pop(name, None)
-    lab_args = rig.isolated_lab_args(state)
+    lab_args = rig.isolated_lab_args(state, quiet=False)  # course lab must silence the news
     # Render every cell (JupyterLab 4 skips off-screen cells, whose text then reads as empty).
     tracker = (state / "settings" / "@jupyterlab" / "notebook-extension"
                / "tracker.jupyterlab-settings")
@@ -260,6 +263,52 @@ def test_cluster_panel_lists_the_course_cluster(chromium, learner_lab):
     listed = {c["id"]: c for c in _ipp_clusters(lab.server)}  # the cluster still runs:
     state = (listed.get(lab.cluster_key, {}).get("controller") or {}).get("state", {})
     assert state.get("state") == "running", json.dumps(listed, indent=1)[:3000]
+
+
+def _menus(driver) -> list[str]:
+    return [e.text for e in driver.find_elements("css selector", ".lm-MenuBar-itemLabel")]
+
+
+def _side_tabs(driver) -> list[str]:
+    return [(t.get_attribute("title") or "") + " " + t.text
+            for t in driver.find_elements("css selector", ".jp-SideBar .lm-TabBar-tab")]
+
+
+def _news_question(driver) -> list[str]:
+    return [e.text for e in driver.find_elements("css selector", ".Toastify__toast")
+            if "Jupyter news" in e.text]
+
+
+@pytest.mark.timeout(120)
+def test_a_learner_sees_no_instructor_tools_and_no_news_question(chromium, learner_lab):
+    learner_lab.open(chromium, home.HOME_NAME)
+    rig.wait_for(chromium, lambda d: "File" in _menus(d), 30, "the menu bar")
+    time.sleep(3)  # JupyterLab asks its news question a moment after the page is up
+    assert "Nbgrader" not in _menus(chromium), _menus(chromium)
+    tabs = _side_tabs(chromium)
+    assert any("IPython Parallel" in t for t in tabs), tabs  # the side bars are there
+    assert not [t for t in tabs if "Assignment" in t], tabs
+    assert not _news_question(chromium), _news_question(chromium)
+    rig.screenshot(chromium, "6-learner-lab-menus")
+
+
+@pytest.mark.timeout(300)
+def test_the_instructors_source_lab_keeps_nbgraders_tools(chromium, tmp_path):
+    port, cid = free_port(), os.environ.get("COURSE_CLUSTER_ID", "pytest") + "-src"
+    env = {**os.environ, "COURSE_CLUSTER_ID": cid, "COURSE_ENGINES": "1",
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    cmd = [sys.executable, "-m", "course_utils.cli", "lab", "--source", "--no-browser",
+           "--engines", "1", "--port", str(port), "--", f"--IdentityProvider.token={TOKEN}",
+           "--ServerApp.port_retries=0", *rig.isolated_lab_args(tmp_path / "state", quiet=False)]
+    with rig.running_lab(cmd, port=port, token=TOKEN, env=env, start_timeout=180) as server:
+        chromium.get(f"http://127.0.0.1:{port}/lab?token={TOKEN}")
+        rig.wait_for(chromium, lambda d: "Nbgrader" in _menus(d), 60, "the Nbgrader menu")
+        assert any("Create Assignment" in t for t in _side_tabs(chromium)), \
+            _side_tabs(chromium)
+        time.sleep(3)
+        assert not _news_question(chromium), _news_question(chromium)
+        rig.screenshot(chromium, "7-source-lab-menus")
+        assert "INSTRUCTOR'S SOURCE" in server.log_tail(20000)
 
 
 def run_all_watching(driver, server: rig.LabServer, path: str, index: int,

@@ -22,7 +22,7 @@ from course_utils.assignments import lessons
 from course_utils.cluster import pxoutput
 from course_utils.cluster.ranks import RankInfo, RankMap
 from course_utils.errors import CourseError
-from course_utils.learner import home, kernelspec, lab, labpanel, workspace
+from course_utils.learner import home, kernelspec, lab, labconfig, labpanel, workspace
 
 UNIT0 = lessons.NOTEBOOK_DIR / "00_cluster_tour.ipynb"
 UNIT3 = lessons.NOTEBOOK_DIR / "03_pytorch_ddp.ipynb"
@@ -482,6 +482,46 @@ def test_prepare_serves_the_learners_folder_or_the_source(tmp_path, kernel_prefi
     assert not (lessons.NOTEBOOK_DIR / home.HOME_NAME).exists()
     parsed = cli.build_parser().parse_args(["lab", "--source", "--workdir", "x", "--", "--y"])
     assert parsed.source and parsed.workdir == "x"
+
+
+def _page_config(folder: Path) -> dict:
+    return json.loads((folder / "labconfig" / "page_config.json").read_text())
+
+
+def test_the_learners_lab_hides_nbgraders_instructor_tools(tmp_path, kernel_prefix):
+    plan = lab.prepare(str(tmp_path / "w"), False, lessons.NOTEBOOK_DIR, emit=lambda _: None)
+    hidden = _page_config(plan.config_dir)["disabledExtensions"]
+    assert set(hidden) == set(labconfig.INSTRUCTOR_PLUGINS) and all(hidden.values())
+    assert "@jupyter/nbgrader:create-assignment" in hidden and "@jupyter/nbgrader:menu" in hidden
+    env = plan.environment({"JUPYTER_CONFIG_PATH": "/elsewhere", "X": "1"})
+    assert env["JUPYTER_CONFIG_PATH"] == f"{plan.config_dir}{os.pathsep}/elsewhere"
+    assert env["X"] == "1" and set(labconfig.QUIET_ARGS) <= set(plan.jupyter_args)
+    src = lab.prepare(None, True, lessons.NOTEBOOK_DIR, emit=lambda _: None)
+    assert _page_config(src.config_dir) == {"disabledExtensions": {}}
+    assert set(labconfig.QUIET_ARGS) <= set(src.jupyter_args)
+    before = (plan.config_dir / "labconfig" / "page_config.json").stat().st_mtime_ns
+    labconfig.write_config_dir(plan.config_dir, False)  # again: unchanged, not rewritten
+    assert (plan.config_dir / "labconfig" / "page_config.json").stat().st_mtime_ns == before
+
+
+def test_jupyterlab_serves_the_learners_page_config(tmp_path):
+    """A real ``jupyter lab`` started as ``course lab`` starts it: its page lists the plugins
+    as disabled (the browser test checks what the learner then sees)."""
+    from course_utils.cluster.ports import free_port
+    from tests.rigs import browser as rig
+
+    folder = labconfig.write_config_dir(tmp_path / "cfg", False)
+    port = free_port()
+    cmd = rig.jupyter_lab_command(tmp_path, port, "t0k", tmp_path / "state")
+    env = labconfig.lab_environment(folder, {**os.environ,
+                                             "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt")})
+    with rig.running_lab(cmd + list(labconfig.QUIET_ARGS), port=port, token="t0k",
+                         env=env) as server:
+        html = server.page("lab")
+    found = re.search(r'id="jupyter-config-data"[^>]*>\s*(.*?)\s*</script>', html, re.S)
+    assert found, html[:2000]
+    config = json.loads(found.group(1))
+    assert set(labconfig.INSTRUCTOR_PLUGINS) <= set(config["disabledExtensions"]), config
 
 
 def test_the_panel_guard_names_the_course_cluster(monkeypatch):

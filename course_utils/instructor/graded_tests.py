@@ -81,4 +81,4 @@ def with_solution(nb: NotebookNode, grade_id: str, body: str) -> NotebookNode:
         lines = [m.group(1) + ln if ln else ln for ln in body.strip("\n").splitlines()]
         cell.source = cell.source[: m.start()] + "\n".join(lines) + "\n" + cell.source[m.end():]
         return nb
-    raise KeyError(grade_id)
+    raise KeyError(f"the notebook has no cell with grade_id {grade_id!r}")

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..assignments.release import cache_dir
 from ..errors import CourseError
-from . import home, kernelspec, labpanel, workspace
+from . import home, kernelspec, labconfig, labpanel, workspace
 
 
 @dataclass
@@ -29,6 +30,13 @@ class LabPlan:
     root: Path
     source: bool
     jupyter_args: list[str] = field(default_factory=list)
+    #: First on ``JUPYTER_CONFIG_PATH`` for the lab (see :mod:`.labconfig`).
+    config_dir: Path | None = None
+
+    def environment(self, environ: dict[str, str]) -> dict[str, str]:
+        """The lab process's environment: ``environ`` plus this plan's config folder."""
+        return labconfig.lab_environment(self.config_dir, environ) if self.config_dir \
+            else dict(environ)
 
     def started(self, cc: Any, emit: Callable[[str], None] = print) -> None:
         """The cluster is up: record it and write the course home (learner's folder only)."""
@@ -51,7 +59,9 @@ def prepare(workdir: str | None, source: bool, notebooks: Path,
     if source:
         emit(f"course lab: the INSTRUCTOR'S SOURCE {notebooks} (solutions and hidden tests "
              "are visible; learners use `course lab` without --source)")
-        return LabPlan(root=notebooks, source=True, jupyter_args=labpanel.jupyter_args())
+        return LabPlan(root=notebooks, source=True,
+                       jupyter_args=[*labconfig.QUIET_ARGS, *labpanel.jupyter_args()],
+                       config_dir=labconfig.write_config_dir(cache_dir() / "lab-source", True))
     root = _workdir(workdir)
     result = workspace.sync(root)
     emit(f"course lab: your working folder {root}")
@@ -59,7 +69,8 @@ def prepare(workdir: str | None, source: bool, notebooks: Path,
         emit(f"course lab:   {line}")
     return LabPlan(root=root, source=False,
                    jupyter_args=[f"--LabApp.default_url=/lab/tree/{home.HOME_NAME}",
-                                 *labpanel.jupyter_args()])
+                                 *labconfig.QUIET_ARGS, *labpanel.jupyter_args()],
+                   config_dir=labconfig.write_config_dir(root / ".course" / "lab-config", False))
 
 
 def mark_source_notebook(nb: Any, file: str) -> Any:

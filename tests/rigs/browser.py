@@ -289,21 +289,26 @@ def browser_screenshot_dir() -> Path:
 # --------------------------------------------------------------------------- JupyterLab server
 
 
-def isolated_lab_args(state_dir: Path) -> list[str]:
+def isolated_lab_args(state_dir: Path, quiet: bool = True) -> list[str]:
     """``jupyter lab`` options that keep a test's lab apart from a person's.
 
-    Own settings and workspaces folders (no restored tabs), and no "Jupyter news?" toast that
-    would cover part of the notebook in screenshots. Works after ``course lab ... --``, too.
+    Own settings and workspaces folders (no restored tabs), and (``quiet``) no "Jupyter news?"
+    toast that would cover part of the notebook in screenshots. ``course lab`` turns that toast
+    off itself: its tests pass ``quiet=False`` to see that it does. Works after
+    ``course lab ... --``, too.
     """
     settings = Path(state_dir) / "settings"
+    settings.mkdir(parents=True, exist_ok=True)
+    (Path(state_dir) / "workspaces").mkdir(parents=True, exist_ok=True)
+    args = [f"--LabApp.user_settings_dir={settings}",
+            f"--LabApp.workspaces_dir={Path(state_dir) / 'workspaces'}"]
+    if not quiet:
+        return args
     notification = (settings / "@jupyterlab" / "apputils-extension"
                     / "notification.jupyterlab-settings")
     notification.parent.mkdir(parents=True, exist_ok=True)
     notification.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    (Path(state_dir) / "workspaces").mkdir(parents=True, exist_ok=True)
-    return [f"--LabApp.user_settings_dir={settings}",
-            f"--LabApp.workspaces_dir={Path(state_dir) / 'workspaces'}",
-            "--LabApp.news_url=None"]
+    return [*args, "--LabApp.news_url=None"]
 
 
 def jupyter_lab_command(root_dir: Path, port: int, token: str, state_dir: Path) -> list[str]:
@@ -342,6 +347,13 @@ class LabServer:
                                      headers={"Authorization": f"token {self.token}"})
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
+
+    def page(self, path: str, timeout: float = 10) -> str:
+        """GET ``/<path>`` (an HTML page) with the token; its text."""
+        req = urllib.request.Request(f"{self.url}/{path}",
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.read().decode()
 
     def log_tail(self, chars: int = 3000) -> str:
         with contextlib.suppress(OSError):
