@@ -82,7 +82,8 @@ def test_isolated_lab_args_and_helpers(tmp_path, monkeypatch):
 
 
 def test_require_chromium_skips_with_the_enabling_command(tmp_path, monkeypatch):
-    pytest.importorskip("selenium")
+    import selenium  # noqa: F401  (a test dependency: its absence is a failure, not a skip)
+
     monkeypatch.setattr(rig, "CHROMIUM", tmp_path / "no-chromium")
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("COURSE_TEST_INSTALL", raising=False)
@@ -91,6 +92,9 @@ def test_require_chromium_skips_with_the_enabling_command(tmp_path, monkeypatch)
     monkeypatch.setenv("COURSE_TEST_INSTALL", "1")
     monkeypatch.setattr(rig.os, "geteuid", lambda: 1000)
     with pytest.raises(pytest.skip.Exception, match="needs root"):
+        rig.require_chromium()
+    monkeypatch.setenv("CI", "True")  # under CI (any case) a missing piece fails instead
+    with pytest.raises(pytest.fail.Exception, match="CI must run every rig: .*needs root"):
         rig.require_chromium()
 
 
