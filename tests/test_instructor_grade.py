@@ -215,6 +215,21 @@ def _insert_after(nb, gid, code):
     return nb
 
 
+#: A student's swaps that would make ex2's stub pass its test: the kernel's helpers (the
+#: cluster's methods) and an engine-side check, replaced from cells before the test.
+SWAPS = ('cluster.run = lambda f, *a, **k: [{"result": 5.0, "calls": {"all_reduce": 1}}] * 2\n'
+         'cluster.call = lambda name, *a, **k: [5.0, 5.0]\n',
+         "%%px\nimport course_utils.checks.collective_calls as m\n"
+         "m.engine_check_collectives = lambda *a, **k: {'result': 5.0, "
+         "'calls': {'all_reduce': 1}}\n")
+
+
+def _swap_helpers(nb):
+    for code in SWAPS:  # engines first: the kernel's swapped cluster.run is then in place
+        _insert_after(nb, "ex2-solution", code)
+    return nb
+
+
 def _edit(nb, gid, code):
     _find(nb, gid).source = code
     return nb
@@ -260,12 +275,17 @@ def build_class(course, folder: Path) -> dict[str, dict]:
     students = {
         # untouched: every test runs on the stubs and fails with the instructor's message
         "a_untouched": (R(), "ex1-solution", untouched, "graded"),
-        "b_raises": (_replace_stub(R(), "ex1-solution",
-                                   'raise ValueError("forgot the all_reduce")'),
-                     "ex1-solution", {**untouched, "ex1-test": (
-                         0.0, r"AssertionError: .*never called dist\.init_process_group.* "
-                              r"rank 0: ValueError: forgot the all_reduce")},
-                     "graded"),
+        # ex1 raises; ex2 is the stub, with the helpers its test calls replaced (in the
+        # kernel and on the engines) so that the stub's wrong answer would pass: not run, 0
+        "b_raises_and_swaps": (_swap_helpers(_replace_stub(
+            R(), "ex1-solution", 'raise ValueError("forgot the all_reduce")')),
+            "ex1-solution", {**untouched, "ex1-test": (
+                0.0, r"AssertionError: .*never called dist\.init_process_group.* "
+                     r"rank 0: ValueError: forgot the all_reduce"), "ex2-test": (
+                0.0, r"^ReplacedHelper: .*not run \(0 points\): kernel: cluster\.call, "
+                     r"kernel: cluster\.run, rank 0: course_utils\.checks\.collective_calls\."
+                     r"engine_check_collectives, rank 1: ")},
+            "graded"),
         # a %%px cell that never returns: the cell limit stops it, nothing after it runs
         "c_infinite_loop": (_append(S(), "ex1-solution", "while True:\n    pass\n"),
                             "ex1-solution", None, "timeout"),
@@ -399,13 +419,16 @@ def test_hostile_class_scores_exactly_what_each_student_earned(graded):
     assert not wrong, "\n".join(wrong)
     # The targeted question, by grade_id: what the student broke is named in its reason.
     assert re.search(r"ValueError: forgot the all_reduce",
-                     _q(got["b_raises"], "ex1-test").reason)
+                     _q(got["b_raises_and_swaps"], "ex1-test").reason)
+    assert "helpers replaced before this test: kernel: cluster.call" in _q(
+        got["b_raises_and_swaps"], "ex2-test").note
     assert "ex2-solution ran past" in _q(got["d_partial_collective"], "ex2-test").reason
     assert _q(got["g_tests_tampered"], "ex1-test").note.startswith("test cell was edited")
     assert _q(got["g_tests_tampered"], "ex2-test").note.startswith("test cell was deleted")
     assert not any(q.note for g in got.values() for q in g.questions
                    if (g.student, q.question) not in {("g_tests_tampered", "ex1-test"),
-                                                      ("g_tests_tampered", "ex2-test")})
+                                                      ("g_tests_tampered", "ex2-test"),
+                                                      ("b_raises_and_swaps", "ex2-test")})
     # What ran for the tamperer is exactly what ran for the untouched release.
     root = runs[1][0].root / "autograded"
     ran = {s: [(c.cell_type, c.source) for c in read_nb(root / s / "unit0" / UNIT0).cells]
@@ -462,7 +485,7 @@ def test_feedback_is_an_offline_html_page_per_graded_student(graded):
     from course_utils.instructor.feedback import feedback
 
     runs, expected, _, _ = graded
-    result = runs[1][0]  # the class run: b_raises and z_full are in it
+    result = runs[1][0]  # the class run: b_raises_and_swaps and z_full are in it
     done = feedback(result.root, progress=None)
     assert {f.student for f in done} == {g.student for g in result.notebooks} - {
         "i_malformed_json"}
@@ -470,8 +493,8 @@ def test_feedback_is_an_offline_html_page_per_graded_student(graded):
     page = {f.student: f.html[0].read_text() for f in done}
     full = expected["z_full"]["score"]
     assert f"Score: {full:.1f} / {full:.1f}" in page["z_full"]
-    assert f"Score: 0.0 / {full:.1f}" in page["b_raises"]
-    assert "forgot the all_reduce" in page["b_raises"]
+    assert f"Score: 0.0 / {full:.1f}" in page["b_raises_and_swaps"]
+    assert "forgot the all_reduce" in page["b_raises_and_swaps"]
     for html in page.values():
         assert not re.search(r'<link[^>]+href="https?:', html), "stylesheet from the network"
         external = re.findall(r'<script[^>]+src="(https?:[^"]+)"', html)

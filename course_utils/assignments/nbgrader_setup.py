@@ -30,6 +30,7 @@ from nbgrader.preprocessors import (
 from traitlets import Integer, Unicode
 
 from ..notebook_cells import grade_id, is_solution_cell, is_test_cell
+from . import integrity
 
 STUB = "raise NotImplementedError()"
 TIMEOUT_ENAME = "CellTimeoutError"
@@ -139,6 +140,8 @@ class CourseExecute(Execute):
         name = grade_id(cell) or f"#{index}"
         limit = self._get_timeout(cell)
         try:
+            if is_test_cell(cell) and self._helpers_replaced(cell, index):
+                return cell, self.resources
             cell, resources = super().preprocess_cell(cell, resources, index)
         except DeadKernelError:
             cell.outputs.append(_error(DEAD_ENAME, "the notebook's kernel died in this cell"))
@@ -150,6 +153,24 @@ class CourseExecute(Execute):
                     o["evalue"] = f"cell {name} ran past its {limit} s limit"
             self._stopped = f"cell {name} ran past its {limit} s limit (a hang?)"
         return cell, resources
+
+
+    def _helpers_replaced(self, cell: NotebookNode, index: int) -> bool:
+        """Run :mod:`.integrity`'s probe before a graded test; if the notebook replaced a
+        helper, the test does not run and shows :data:`.integrity.ENAME` (0 points)."""
+        probe = NotebookNode(cell_type="code", source=integrity.probe_code(), metadata={},
+                             outputs=[], execution_count=None, id=f"integrity-{index}")
+        self.execute_cell(probe, index, store_history=False)
+        result = integrity.read_probe(probe.outputs)
+        if result is None:  # the probe itself failed: the log says so, and the test runs
+            errors = [o for o in probe.outputs if o.get("output_type") == "error"]
+            self.log.warning("helpers not checked before %s: %s", grade_id(cell), (
+                f"{errors[0].get('ename')}: {errors[0].get('evalue')}" if errors else "no answer"))
+            return False
+        if not result["found"]:
+            return False
+        cell.outputs = [_error(integrity.ENAME, integrity.message(result["found"]))]
+        return True
 
 
 def _error(ename: str, evalue: str) -> NotebookNode:
@@ -197,6 +218,10 @@ def configure(c: Any, root: str, cell_timeout: int = 300, notebook_timeout: int 
     c.CourseExecute.timeout = cell_timeout
     c.CourseExecute.notebook_timeout = notebook_timeout
     c.CourseExecute.interrupt_on_timeout = True
+    # nbgrader raises when a cell's output lags its reply by more than iopub_timeout (nbclient's
+    # 4 s): on a loaded machine the output of a busy %%px cell can, and the whole notebook was
+    # then lost ("could not grade it"). Seen at load 25 on 2 cores.
+    c.CourseExecute.iopub_timeout = 30
     # One kernel start-up warning per student (TCP on loopback) would drown the progress lines.
     c.CourseExecute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]
     c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\n" + STUB}

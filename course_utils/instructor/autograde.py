@@ -29,6 +29,7 @@ import nbformat
 from nbformat import NotebookNode
 
 from .. import settings
+from ..assignments.integrity import replaced_in
 from ..assignments.release import load_config, run_app
 from ..errors import CourseError
 from ..notebook_cells import grade_id, nbgrader_meta
@@ -243,6 +244,10 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
         note = {"edited": "test cell was edited; the instructor's version ran",
                 "deleted": "test cell was deleted; the instructor's version was put back and ran"
                 }.get(changed.get(gid, ""), "")
+        replaced = replaced_in(by_cell[gid].get("outputs", [])) if gid in by_cell else []
+        if replaced:
+            note = "; ".join(filter(None, [note, "helpers replaced before this test: "
+                                           f"{', '.join(replaced)}; the test was not run"]))
         g.questions.append(Question(gid, score, pts, reason, note))
     g.score = sum(q.score for q in g.questions)
     return g
