@@ -107,7 +107,7 @@ def _train_steps() -> dict[str, Any]:
 
     from course_utils.torch_dist import ddp_script
 
-    res = ddp_script.train_steps(3, batch=16, device=torch.device("cpu"))
+    res = ddp_script.train_steps(2, batch=8, device=torch.device("cpu"))
     return {"loss": res["loss"], "spread": res["replica_spread"]}
 
 
