@@ -143,10 +143,10 @@ def test_backend_string_maps_cpu_tensors_to_gloo_under_nccl():
 
 def test_debug_level_setting(monkeypatch):
     monkeypatch.delenv("COURSE_TORCH_DEBUG", raising=False)
-    assert pg.debug_level(None) == "detail"
+    assert pg.debug_level(None) == "off"  # a plain group unless a unit asks for DETAIL
     assert pg.debug_level(False) == "off" and pg.debug_level("INFO") == "info"
-    monkeypatch.setenv("COURSE_TORCH_DEBUG", "off")
-    assert pg.debug_level(None) == "off"
+    monkeypatch.setenv("COURSE_TORCH_DEBUG", "DETAIL")
+    assert pg.debug_level(None) == "detail"
     monkeypatch.setenv("COURSE_TORCH_DEBUG", "loud")
     with pytest.raises(ValueError, match="not one of"):
         settings.torch_debug()

@@ -4,7 +4,9 @@ The same model (:func:`course_utils.torch_dist.train.original_cnn`), the same sa
 metrics as ``03_pytorch_ddp``, on the offline digits at 3x32x32 (:func:`course_utils.data.
 digits_as_cifar`), so it runs without network on any machine. ``torchrun`` sets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; the script
-reads them through ``init_process_group("env://")``. One host, two processes::
+reads them through ``init_process_group("env://")``. On GPUs the group is
+``"cpu:gloo,cuda:nccl"`` and every collective's tensor sits on this rank's GPU. One host, two
+processes::
 
     torchrun --standalone --nproc-per-node=2 -m course_utils.torch_dist.ddp_script --steps 20
 
@@ -66,14 +68,42 @@ def weights_checksum(flat: Any) -> str:
     return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
 
 
-def pick_backend(requested: str, local_rank: int) -> str:
-    """``auto`` -> nccl when CUDA shows a GPU for this local rank, gloo otherwise."""
-    if requested != "auto":
-        return requested
+def gpu_index(local_rank: int, local_world_size: int | None = None) -> int | None:
+    """The CUDA device index this process drives, or None (no GPU of its own: use gloo).
+
+    torchrun's ranks on a host see the same GPUs, ``cuda:0 .. cuda:N-1``: local rank ``i``
+    drives ``cuda:i`` when there are at least as many GPUs as local ranks. A process pinned to
+    one GPU (``CUDA_VISIBLE_DEVICES`` naming one device, as the course's engines are) sees it as
+    ``cuda:0`` whatever its local rank, so the index is 0 there.
+    """
     import torch
 
-    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() > local_rank \
-        else "gloo"
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "0") or 0) if local_world_size is None \
+        else local_world_size
+    if count == 0:
+        return None
+    if count >= max(ranks_here, local_rank + 1):
+        return local_rank
+    visible = [v for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return 0 if count == 1 and len(visible) == 1 and ranks_here <= 1 else None
+
+
+def pick_backend(requested: str, local_rank: int) -> str:
+    """``auto`` -> nccl when this rank has a GPU of its own (:func:`gpu_index`), gloo otherwise."""
+    if requested != "auto":
+        return requested
+    return "nccl" if gpu_index(local_rank) is not None else "gloo"
+
+
+def group_backend(backend: str) -> str:
+    """The backend string ``init_process_group`` gets: for NCCL the device-mapped
+    ``"cpu:gloo,cuda:nccl"`` (as ``cu.start_torch()`` builds it), so a CPU tensor (a metric, a
+    flag) has a backend too; an NCCL-only group raises ``No backend type associated with device
+    type cpu`` on one."""
+    from .process_group import pg_backend
+
+    return pg_backend(backend)
 
 
 def train_steps(steps: int, batch: int = 32, lr: float = 0.05, seed: int = 0,
@@ -102,6 +132,7 @@ def train_steps(steps: int, batch: int = 32, lr: float = 0.05, seed: int = 0,
     x = (torch.from_numpy(raw.x) - 0.5) / 0.5
     y = torch.from_numpy(raw.y)
     dataset = TensorDataset(x, y)
+    # device_ids: the index this process sees its GPU by (0 when pinned to one), not its rank
     model = DDP(tr.original_cnn(seed=seed).to(device),
                 device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -120,7 +151,7 @@ def train_steps(steps: int, batch: int = 32, lr: float = 0.05, seed: int = 0,
             loss.backward()  # DDP all-reduces the gradient buckets here
             opt.step()
             metrics = tr.reduce_metrics(loss.item() * len(yb), int((out.argmax(1) == yb).sum()),
-                                        len(yb))
+                                        len(yb), device=device)
             step += 1
             if step >= steps:
                 break
@@ -145,13 +176,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     if threads:
         torch.set_num_threads(threads)
     backend = pick_backend(args.backend, local_rank)
+    device = torch.device("cpu")
     if backend == "nccl":
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-        device = torch.device("cuda", torch.cuda.current_device())
-    else:
-        device = torch.device("cpu")
+        index = gpu_index(local_rank)
+        if index is None:
+            raise SystemExit(f"ddp_script: --backend nccl, but local rank {local_rank} has no GPU "
+                             "of its own; use --backend auto or gloo")
+        torch.cuda.set_device(index)  # before the group exists: NCCL binds this rank to it
+        device = torch.device("cuda", index)
     t0 = time.perf_counter()
-    dist.init_process_group(backend, init_method="env://",
+    dist.init_process_group(group_backend(backend), init_method="env://",
                             timeout=datetime.timedelta(seconds=args.timeout))
     joined = time.perf_counter() - t0
     try:

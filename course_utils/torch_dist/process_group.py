@@ -61,7 +61,7 @@ def backend_label(chosen: str) -> str:
 
 def debug_level(debug: str | bool | None) -> str:
     """``cu.start_torch(debug=...)`` -> ``off``/``info``/``detail`` (None: ``$COURSE_TORCH_DEBUG``,
-    default ``detail``; True: ``detail``; False: ``off``)."""
+    default ``off``; True: ``detail``; False: ``off``)."""
     if debug is None:
         return settings.torch_debug()
     if isinstance(debug, bool):
@@ -85,10 +85,16 @@ def start(
     Re-running with the same backend on the same engines reuses the live group; anything else
     destroys it and builds a fresh one on a new free port chosen *on rank 0's host*.
     ``timeout`` (default ``$COURSE_PG_TIMEOUT``, 60 s) bounds rendezvous and every collective.
-    ``debug`` (default ``$COURSE_TORCH_DEBUG``, ``detail``): with ``detail`` torch checks every
-    collective against the other ranks first, so a mismatch is reported at once (see
-    :func:`course_utils.settings.torch_debug`); pass ``debug="off"`` when measuring speed.
-    On the local profile the store and gloo listen on the loopback address only.
+    ``debug`` (default ``$COURSE_TORCH_DEBUG``, ``off``): a plain torch group, what a training
+    script gets. ``detail`` wraps the group in torch's checking wrapper
+    (``TORCH_DISTRIBUTED_DEBUG=DETAIL``, unit 8 teaches it through
+    :func:`course_utils.torch_dist.faults.set_debug`): every collective is first compared across
+    ranks. torch 2.14.1 kills the process (SIGSEGV) when ``DistributedDataParallel`` is built on
+    such a group, so build DDP only on a group started with debug off.
+    The course's rendezvous store listens on a port of its own; ``MASTER_ADDR``/``MASTER_PORT``,
+    ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` are exported on every engine for a *second*, free
+    port, so the official tutorials' ``dist.destroy_process_group()`` then
+    ``dist.init_process_group("gloo")`` (``env://``) works in a ``%%px`` cell.
     Returns a summary: backend, world size, master address/port, debug level, whether reused.
     """
     cc = cluster or current()
@@ -122,12 +128,13 @@ def start(
                 "omit master_port so a free one is chosen, or pick another port",
             )
         port = int(master_port)
-    else:
-        port = cc.run_on(0, ports.free_port, rm.master_addr, timeout=10)
+        env_port = cc.run_on(0, ports.free_port, rm.master_addr, timeout=10)
+    else:  # two distinct ports: the course's store, and the one exported for env:// init
+        port, env_port = cc.run_on(0, ports.free_ports, 2, rm.master_addr, timeout=10)
 
     args = [
         (r.rank, rm.world_size, r.local_rank, rm.master_addr, port, pg_backend(chosen),
-         pg_timeout, level, cc.profile.is_local)
+         pg_timeout, level, cc.profile.is_local, env_port)
         for r in rm
     ]
     try:
@@ -160,9 +167,8 @@ def _register_hooks(cc: CourseCluster, backend: str, timeout: float | None,
 
 # ---- engine side ---------------------------------------------------------------------------
 _ENGINE: dict[str, Any] = {}
-#: In DETAIL mode, a twin of the default group built without torch's checking wrapper: DDP
-#: uses it (see :func:`_guard_ddp`).
-_PLAIN: dict[str, Any] = {}
+#: The default group this module built (``group``): a group the learner built since is not ours.
+_GROUP: dict[str, Any] = {}
 
 
 def _engine_state() -> dict[str, Any] | None:
@@ -172,14 +178,14 @@ def _engine_state() -> dict[str, Any] | None:
         return None
     import torch.distributed as dist
 
-    if not dist.is_initialized() or not _ENGINE:
-        return None
+    if not dist.is_initialized() or not _ENGINE or _GROUP.get("group") is not dist.group.WORLD:
+        return None  # none, or the learner's own (e.g. a tutorial's init_process_group)
     return dict(_ENGINE)
 
 
 def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str, port: int,
                  backend: str, timeout_s: float, debug: str = "off",
-                 loopback: bool = False) -> dict[str, Any]:
+                 loopback: bool = False, env_port: int | None = None) -> dict[str, Any]:
     import datetime
     import os
 
@@ -191,10 +197,12 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
     if dist.is_initialized():
         dist.destroy_process_group()
     _ENGINE.clear()
-    _PLAIN.clear()
-    os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
-                       "RANK": str(rank), "WORLD_SIZE": str(world_size),
-                       "TORCH_DISTRIBUTED_DEBUG": debug.upper()})
+    _GROUP.clear()
+    # What torchrun exports, for code in the tutorials' shape (env:// init); MASTER_PORT is not
+    # the port of the course's own store below, so a second group can rendezvous there.
+    os.environ.update({"MASTER_ADDR": master_addr, "MASTER_PORT": str(env_port or port),
+                       "RANK": str(rank), "LOCAL_RANK": str(local_rank),
+                       "WORLD_SIZE": str(world_size), "TORCH_DISTRIBUTED_DEBUG": debug.upper()})
     # Read by torch when the group is built; set explicitly, since torch reads the variable
     # only once, at import.
     dist.set_debug_level(getattr(dist.DebugLevel, debug.upper()))
@@ -211,13 +219,7 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
     store = _engine_store(rank, world_size, master_addr, port, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                             timeout=timeout)
-    if debug == "detail":
-        # torch 2.14's DDP crashes (SIGSEGV in its construction logger) on a group wrapped for
-        # DETAIL checks; DDP gets this unwrapped twin, the learner's own collectives the checks.
-        dist.set_debug_level(dist.DebugLevel.OFF)
-        _PLAIN["group"] = dist.new_group(backend=backend)
-        dist.set_debug_level(dist.DebugLevel.DETAIL)
-        _guard_ddp()
+    _GROUP["group"] = dist.group.WORLD
     # One all_reduce proves every rank joined the group before we report success; a mapped
     # NCCL group is probed on both devices.
     probes = [torch.ones(1, device=device)] + ([torch.ones(1)] if cuda else [])
@@ -227,7 +229,8 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
             raise RuntimeError(f"probe all_reduce gave {probe.item()}, expected {world_size}")
     label = "nccl+gloo" if cuda else backend.rsplit(":", 1)[-1]
     _ENGINE.update(rank=rank, world_size=world_size, backend=label, pg_backend=backend,
-                   master_addr=master_addr, master_port=port, device=str(device),
+                   master_addr=master_addr, master_port=env_port or port, store_port=port,
+                   device=str(device),
                    debug=debug, torch=torch.__version__)
     __main__.device = device
     return dict(_ENGINE)
@@ -276,35 +279,6 @@ def _engine_store(rank: int, world_size: int, master_addr: str, port: int, timeo
                          master_listen_fd=sock.detach(), use_libuv=True)
 
 
-def _guard_ddp() -> None:
-    """Make ``DistributedDataParallel(model)`` use the unwrapped twin group in DETAIL mode.
-
-    Without it, torch 2.14.1 kills the process (SIGSEGV in ``set_construction_data_and_log``)
-    when DDP is built on a group that ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` wrapped (reproduced with
-    two plain processes, outside the course). DDP's own bucketed all_reduce is torch's code and
-    always matches across ranks, so it loses nothing by skipping the check. Installed once.
-    """
-    import functools
-
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    original = DistributedDataParallel.__init__
-    if getattr(original, "_course_guard", False):
-        return
-
-    @functools.wraps(original)
-    def __init__(self: Any, module: Any, *args: Any, **kwargs: Any) -> None:
-        plain = _PLAIN.get("group")
-        given = kwargs.get("process_group")
-        if plain is not None and len(args) < 6 and (given is None or given is dist.group.WORLD):
-            kwargs["process_group"] = plain
-        original(self, module, *args, **kwargs)
-
-    __init__._course_guard = True  # type: ignore[attr-defined]
-    DistributedDataParallel.__init__ = __init__
-
-
 def _loopback_ifname() -> str | None:
     """The loopback interface's name (``lo`` on Linux, ``lo0`` on macOS), if there is one."""
     import socket
@@ -317,7 +291,7 @@ def _engine_stop() -> bool:
     import sys
 
     _ENGINE.clear()
-    _PLAIN.clear()
+    _GROUP.clear()
     if "torch.distributed" not in sys.modules:
         return False
     import torch.distributed as dist

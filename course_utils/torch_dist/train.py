@@ -140,21 +140,48 @@ def reference_sgd(steps: int, lr: float, batch_per_rank: int, world_size: int,
     return flat_params(model).numpy()
 
 
-def reduce_metrics(loss_sum: float, correct: int, count: int) -> dict[str, Any]:
-    """*Collective.* Sum (loss, correct, count) over ranks; return the global mean loss and
-    accuracy, plus this rank's own figures (for per-rank plots)."""
+def collective_device(group: Any = None) -> torch.device:
+    """The device for a tensor this rank makes itself and sends to a collective on ``group``
+    (default: the default group): its current GPU when the group runs CUDA tensors over NCCL
+    (``"nccl"``, or the course's ``"cpu:gloo,cuda:nccl"``), else the CPU.
+
+    An NCCL-only group (the tutorials' ``init_process_group("nccl")``) has no backend for CPU
+    tensors: torch raises ``No backend type associated with device type cpu``. A tensor on the
+    GPU is accepted by every group that has NCCL, mapped or not. Introduced in
+    ``03_pytorch_ddp`` (through :func:`reduce_metrics`).
+    """
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor([loss_sum, float(correct), float(count)], dtype=torch.float64)
-    local = t.clone()
+    config = dist.get_backend_config(group)  # e.g. "cpu:gloo,cuda:nccl", "cuda:nccl"
+    if "cuda:nccl" in config.replace(" ", "") and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def reduce_metrics(loss_sum: float, correct: int, count: int,
+                   device: torch.device | str | None = None) -> dict[str, Any]:
+    """*Collective.* Sum (loss, correct, count) over ranks; return the global mean loss and
+    accuracy, plus this rank's own figures (for per-rank plots).
+
+    The sums travel as one float64 tensor on ``device`` (default :func:`collective_device`:
+    the rank's GPU under NCCL, the CPU under gloo), so the call works on every group.
+    """
+    import torch
+    import torch.distributed as dist
+
+    where = torch.device(device) if device is not None else collective_device()
+    t = torch.tensor([loss_sum, float(correct), float(count)], dtype=torch.float64, device=where)
+    local = t.tolist()
     dist.all_reduce(t)
+    total = t.tolist()
+    n = total[2] or float("nan")  # no items anywhere: nan, not an error
     return {
-        "loss": float(t[0] / t[2]),
-        "accuracy": float(t[1] / t[2]),
-        "count": int(t[2]),
-        "local_loss": float(local[0] / max(local[2], 1)),
-        "local_accuracy": float(local[1] / max(local[2], 1)),
+        "loss": total[0] / n,
+        "accuracy": total[1] / n,
+        "count": int(total[2]),
+        "local_loss": local[0] / max(local[2], 1),
+        "local_accuracy": local[1] / max(local[2], 1),
     }
 
 
