@@ -136,7 +136,8 @@ def reduce_rank_sized():
 
 
 def test_mismatched_collective_is_reported_at_once(cluster):
-    assert torch_dist.start(cluster)["debug"] == "detail"  # the lessons' default
+    # unit 8's DETAIL checks (faults.set_debug): built on request, not by default
+    assert torch_dist.start(cluster, debug="detail")["debug"] == "detail"
     t0 = time.perf_counter()
     with pytest.raises(CollectiveMismatch) as err:
         cluster.run(reduce_rank_sized, timeout=20)
@@ -188,19 +189,18 @@ def ddp_step() -> float:
     return float(ddp.module.weight.grad.sum())
 
 
-def test_ddp_works_on_a_detail_mode_group(cluster):
-    # torch 2.14.1 segfaults building DDP on a DETAIL-wrapped group; the course gives DDP a twin
-    assert torch_dist.start(cluster)["debug"] == "detail"
+def test_ddp_works_on_the_default_group(cluster):
+    # The default group is plain (debug off): torch 2.14.1 segfaults building DDP on a
+    # DETAIL-wrapped group, and the course does not swap DDP's group behind the learner's back.
+    assert torch_dist.start(cluster)["debug"] == "off"
     grads = cluster.run(ddp_step, timeout=60)
     assert grads[0] == grads[1]  # averaged over ranks
-    with pytest.raises(CollectiveMismatch):  # the learner's own collectives are still checked
-        cluster.run(reduce_rank_sized, timeout=20)
 
 
 def test_debug_overhead_benchmark_reports_both_modes(cluster):
     rows = torch_dist.process_group.debug_overhead(cluster, sizes=(4,), seconds_per_size=0.2)
     assert set(rows[4]) == {"off", "detail", "ratio"} and rows[4]["off"] > 0
-    assert cluster.run(torch_dist.process_group._engine_state)[0]["debug"] == "detail"
+    assert cluster.run(torch_dist.process_group._engine_state)[0]["debug"] == "off"
 
 
 def test_nccl_group_maps_cpu_tensors_to_gloo(cluster):
