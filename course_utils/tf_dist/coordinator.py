@@ -111,7 +111,7 @@ def variable_shards(variables: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 
-def examples_per_worker(coordinator: Any, dataset_fn: Callable[[Any], Any], batches: int = 8,
+def examples_per_worker(coordinator: Any, dataset_fn: Callable[[Any], Any], batches: int = 12,
                         timeout: float = 120.0) -> dict[str, Any]:
     """Which examples each worker's pipeline gives it (unit 5). ``dataset_fn(input_context)``
     must yield batches of example numbers (a pipeline over ``tf.data.Dataset.range(n)``); it is
