@@ -57,21 +57,43 @@ def engine_tf_one_step() -> float:
 def engine_check_train_graph(fn_name: str = "build_graph",
                              keys: tuple[str, ...] = GRAPH_KEYS) -> dict[str, Any]:
     """Build this worker's graph with the ``%%px`` function ``fn_name(worker_index)`` and report
-    the keys its dict lacks and whether running ``train_op`` advances ``global_step`` (an
-    assign-add on the ``global_step`` variable among ``train_op``'s inputs)."""
+    the error building it raised (``None`` if none), the keys its dict lacks and whether running
+    ``train_op`` advances ``global_step`` (an assign-add on the ``global_step`` variable among
+    ``train_op``'s inputs)."""
     import __main__
 
     ns = vars(__main__)
     fn = ns.get(fn_name)
     if fn is None:
         raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
-    graph, t, _hooks = fn(ns["worker_index"])
+    try:
+        graph, t, _hooks = fn(ns["worker_index"])
+    except Exception as exc:  # the learner's graph code: report it, the test names the fix
+        return {"error": _short(exc), "error_fix": build_fix(exc), "missing": list(keys),
+                "advances_global_step": None, "graph_ops": 0}
     missing = [k for k in keys if k not in t]
     advances = None
     if "train_op" in t and "global_step" in t:
         advances = _advances(t["train_op"], t["global_step"])
-    return {"missing": missing, "advances_global_step": advances,
+    return {"error": None, "error_fix": "", "missing": missing, "advances_global_step": advances,
             "graph_ops": len(graph.get_operations())}
+
+
+def build_fix(exc: BaseException) -> str:
+    """The fix for an error raised while building unit 4's graph."""
+    text = str(exc)
+    if isinstance(exc, NotImplementedError):
+        return "complete build_graph: replace the raise NotImplementedError by your code"
+    if "labels" in text or "logits" in text:
+        return ("TensorFlow takes the labels first: call tf.nn.sparse_softmax_cross_entropy_with_"
+                "logits(labels=y_, logits=logits) with keywords (the reverse of PyTorch's "
+                "F.cross_entropy(input, target))")
+    return "fix the line the error names, then re-run the build_graph cell"
+
+
+def _short(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [""]
+    return f"{type(exc).__name__}: {lines[0][:240]}"
 
 
 def _advances(train_op: Any, global_step: Any) -> bool:
@@ -91,3 +113,110 @@ def _advances(train_op: Any, global_step: Any) -> bool:
         todo.extend(i.op for i in op.inputs)
         todo.extend(op.control_inputs)
     return False
+
+
+def reference_batch(n: int = 16, seed: int = 0) -> dict[str, Any]:
+    """A fixed batch and fixed weights for unit 4's graph (64 inputs, 10 classes), with the loss
+    and accuracy NumPy computes for them: the labels are the argmax of the logits for the first
+    half of the batch and another class for the rest, so the accuracy is exactly 0.5."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    w = (rng.normal(size=(64, 10)) * 0.3).astype(np.float32)
+    b = (rng.normal(size=10) * 0.3).astype(np.float32)
+    x = rng.random((n, 64)).astype(np.float32)
+    z = (x @ w + b).astype(np.float64)
+    best = z.argmax(1)
+    y = np.where(np.arange(n) < n // 2, best, (best + 1 + rng.integers(0, 9, n)) % 10)
+    logp = z - z.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    ce = -logp[np.arange(n), y]
+    p = np.exp(z - z.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    logq = p - np.log(np.exp(p).sum(1, keepdims=True))   # CE taken on softmax(logits)
+    return {"W": w, "b": b, "x": x, "y": y.astype(np.int64), "loss": float(ce.mean()),
+            "loss_sum": float(ce.sum()), "loss_on_softmax": float(-logq[np.arange(n), y].mean()),
+            "accuracy": float((best == y).mean())}
+
+
+def _loss_fix(got: float, ref: dict[str, Any]) -> str:
+    def near(a: float, b: float) -> bool:
+        return abs(a - b) <= 1e-4 * max(1.0, abs(b))
+
+    if near(got, ref["loss_sum"]):
+        return ("take the mean over the batch, tf.reduce_mean(...), not tf.reduce_sum: a sum "
+                "makes every step 64 times larger")
+    if near(got, ref["loss_on_softmax"]):
+        return ("pass the logits themselves, logits=logits: sparse_softmax_cross_entropy_with_"
+                "logits applies the softmax itself")
+    return ("loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y_, "
+            "logits=logits)), with logits = x @ W + b")
+
+
+def engine_graph_values(fn_name: str = "build_graph") -> dict[str, Any]:
+    """Build unit 4's graph with the ``%%px`` function ``fn_name(worker_index)``, set ``W`` and
+    ``b`` to the fixed values of :func:`reference_batch`, and return the ``loss`` and
+    ``accuracy`` it computes on that batch next to NumPy's, with the fix for each that differs.
+    Runs in a local session on a copy of the graph with its devices cleared: it touches no
+    server and no variable on the ps."""
+    import __main__
+
+    from ..tf_dist import quiet_tensorflow
+
+    tf = quiet_tensorflow()
+    ns = vars(__main__)
+    graph, t, _hooks = ns[fn_name](ns["worker_index"])
+    ref = reference_batch()
+    with graph.as_default():
+        meta = tf.compat.v1.train.export_meta_graph(clear_devices=True)
+    copy = tf.Graph()
+    with copy.as_default():
+        tf.compat.v1.train.import_meta_graph(meta)
+        by_name = {v.op.name: v for v in tf.compat.v1.global_variables()}
+        wanted = {k: by_name.get(getattr(t[k], "op", t[k]).name) for k in ("W", "b")}
+        if any(v is None for v in wanted.values()):
+            raise TypeError("W and b must be variables: create them with "
+                            "tf.compat.v1.get_variable (see the hint)")
+        tensor = {k: copy.get_tensor_by_name(t[k].name) for k in ("x", "y_", "loss", "accuracy")}
+        with tf.compat.v1.Session(graph=copy) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for k, var in wanted.items():
+                var.load(ref[k], sess)
+            loss, acc = sess.run([tensor["loss"], tensor["accuracy"]],
+                                 {tensor["x"]: ref["x"], tensor["y_"]: ref["y"]})
+    return {"loss": float(loss), "want_loss": ref["loss"], "loss_fix": _loss_fix(float(loss), ref),
+            "accuracy": float(acc), "want_accuracy": ref["accuracy"]}
+
+
+#: Op types ``SyncReplicasOptimizer`` adds to a graph (one accumulator per variable).
+ACCUMULATORS = ("ConditionalAccumulator", "ResourceConditionalAccumulator")
+
+
+def engine_graph_sync(fn_name: str = "build_graph", workers: int = 3) -> dict[str, Any]:
+    """Build unit 4's graph with ``sync=False`` and ``sync=True`` for the last worker of a
+    cluster of ``workers`` workers (``tf_cluster`` is swapped for such a spec while building,
+    then restored: building a graph contacts no server). For each mode: the gradient
+    accumulators, the ``replicas_to_aggregate`` they wait for, the hooks returned, and the
+    devices of ``loss`` and ``W``."""
+    import __main__
+
+    ns = vars(__main__)
+    real = ns["tf_cluster"]
+    spec = {"ps": list(real["ps"]), "worker": [f"127.0.0.1:{1 + i}" for i in range(workers)]}
+    out: dict[str, Any] = {"workers": workers}
+    ns["tf_cluster"] = spec
+    try:
+        for sync in (False, True):
+            graph, t, hooks = ns[fn_name](workers - 1, sync)
+            ops = graph.get_operations()
+            required = sorted({int(op.inputs[1].op.get_attr("value").int_val[0]) for op in ops
+                               if op.type.endswith("AccumulatorTakeGradient")
+                               and op.inputs[1].op.type == "Const"})
+            out["sync" if sync else "async"] = {
+                "accumulators": sum(op.type in ACCUMULATORS for op in ops),
+                "replicas_to_aggregate": required,
+                "hooks": [type(h).__name__ for h in hooks],
+                "loss": t["loss"].device, "W": t["W"].device}
+    finally:
+        ns["tf_cluster"] = real
+    return out

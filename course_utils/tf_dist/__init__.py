@@ -27,6 +27,7 @@ Importing this package does not import TensorFlow.
 from __future__ import annotations
 
 from .coordinator import (
+    examples_per_worker,
     join,
     join_within,
     prepare_chief,
@@ -74,7 +75,8 @@ from .taskset import TaskSet, active, pick_ports, wait_ready
 
 __all__ = [
     "JOBS", "READY_TIMEOUT", "TFServerNotAnswering", "TFTimeout", "TaskSet", "active",
-    "adopt_servers", "cluster_dict", "cross_task_traffic", "guard_message", "hosted_by_rank",
+    "adopt_servers", "cluster_dict", "cross_task_traffic", "examples_per_worker",
+    "guard_message", "hosted_by_rank",
     "inter_op_threads", "intra_op_threads", "join", "join_within", "kill_rank",
     "make_tf_config", "pick_ports", "plan_roles", "prepare_chief", "quiet_tensorflow",
     "register_server", "restart_ps", "run_training", "server_config", "session_config",

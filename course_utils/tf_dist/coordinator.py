@@ -111,6 +111,42 @@ def variable_shards(variables: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 
+def examples_per_worker(coordinator: Any, dataset_fn: Callable[[Any], Any], batches: int = 12,
+                        timeout: float = 120.0) -> dict[str, Any]:
+    """Which examples each worker's pipeline gives it (unit 5). ``dataset_fn(input_context)``
+    must yield batches of example numbers (a pipeline over ``tf.data.Dataset.range(n)``); it is
+    distributed as the training data is (``distribute_datasets_from_function``, then
+    ``create_per_worker_dataset``), ``batches`` steps that each take one batch are scheduled,
+    and the result says, per worker index, the batches it drew in order, with the
+    ``input_context`` values the strategy passed to ``dataset_fn``."""
+    tf = quiet_tensorflow()
+    strategy = coordinator.strategy
+    contexts: list[tuple[int, int]] = []
+
+    def traced(ctx: Any) -> Any:
+        contexts.append((int(ctx.input_pipeline_id), int(ctx.num_input_pipelines)))
+        return dataset_fn(ctx)
+
+    @tf.function
+    def per_worker() -> Any:
+        return strategy.distribute_datasets_from_function(traced)
+
+    iterator = iter(coordinator.create_per_worker_dataset(per_worker))
+
+    @tf.function
+    def take(it: Any) -> Any:
+        return {"worker": tf.distribute.coordinator.experimental_get_current_worker_index(),
+                "batch": next(it)}
+
+    drawn = [coordinator.schedule(take, args=(iterator,)) for _ in range(batches)]
+    join(coordinator, timeout=timeout)
+    out: dict[int, list[list[int]]] = {}
+    for value in drawn:
+        got = value.fetch()
+        out.setdefault(int(got["worker"]), []).append([int(i) for i in got["batch"]])
+    return {"batches": dict(sorted(out.items())), "input_context": sorted(set(contexts))}
+
+
 def _ps_index(device: str) -> int:
     found = re.search(r"/job:ps/(?:replica:\d+/)?task:(\d+)", device or "")
     if not found:
