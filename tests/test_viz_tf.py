@@ -107,6 +107,8 @@ def test_ps_figures_render_from_the_run(runs):
             ps_traffic.ps_step_timeline(modes), ps_traffic.placement_diagram(runs["placement"])]
     for fig in figs:
         fig.canvas.draw()
+        drawn = [ax for ax in fig.axes if ax.lines or ax.patches or ax.collections or ax.texts]
+        assert drawn, f"{fig.axes[0].get_title() if fig.axes else fig}: nothing drawn"
 
 
 def test_ps_figures_say_when_there_is_nothing_to_draw():
