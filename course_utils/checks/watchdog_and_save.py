@@ -293,3 +293,4 @@ def engine_pickle_functions(names: list[str], path: str) -> str:
     with open(path, "wb") as fh:
         cloudpickle.dump(tuple(learner(n) for n in names), fh)
     return path
+
