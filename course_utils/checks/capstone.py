@@ -222,6 +222,9 @@ def engine_check_capstone_stop(fn_name: str = "train_capstone", folder: str = "/
             epochs, error = [h.get("epoch") for h in fn(3, path, budget_s)], None
         except Exception as exc:  # the process group's timeout, on the rank left behind
             epochs, error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    if rank == 0:  # no barrier here: the ranks may have parted
+        with contextlib.suppress(OSError):
+            os.remove(path)
     return {"rank": rank, "epochs": epochs, "error": error, "seconds": time.time() - t0}
 
 

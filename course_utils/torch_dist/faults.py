@@ -39,7 +39,8 @@ def set_debug(level: str = "DETAIL", cluster: CourseCluster | None = None) -> di
     cc = cluster or current()
     stop(cc)
     cc.run(engine_set_debug, level, timeout=10)
-    return start(cc)
+    # start() sets TORCH_DISTRIBUTED_DEBUG to its own level on every engine: pass this one
+    return start(cc, debug=level.lower())
 
 
 def restart_group(cluster: CourseCluster | None = None) -> dict[str, Any]:
