@@ -3,14 +3,16 @@ the notebook never loads), equal weights on every rank, and resuming from a chec
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from .common import learner
 
 #: The capstone's accuracy bar on held-out data, per dataset.
 TARGET = {"digits-as-cifar": 0.85, "cifar10": 0.30}
-
 
 
 def engine_check_capstone(model_name: str = "final_model", data_root: str = "data",
@@ -95,3 +97,164 @@ def check_tf_capstone(model: Any, data_root: str = "data", n_test: int = 1000,
     return {"accuracy": acc, "data": test.name, "target": TARGET.get(test.name, 0.0),
             "n": len(test.y), "devices": devices,
             "on_ps": bool(devices) and all("/job:ps/" in d for d in devices)}
+
+
+@contextlib.contextmanager
+def small_data(per_rank: int, slow_s: float = 0.0) -> Iterator[Any]:
+    """*Not collective.* Replace the learner's global ``train_set`` for the duration by its first
+    ``per_rank · p`` examples in a dataset that records every index read (``.seen``); the
+    learner's ``train_set`` comes back afterwards. ``slow_s``: seconds each read sleeps."""
+    import torch.distributed as dist
+    from torch.utils.data import Dataset
+
+    import __main__
+
+    ns = vars(__main__)
+    x, y = learner("train_set").tensors
+    n = per_rank * dist.get_world_size()
+
+    class Recording(Dataset):
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def __len__(self) -> int:
+            return n
+
+        def __getitem__(self, i: int) -> Any:
+            self.seen.append(int(i))
+            if slow_s:
+                time.sleep(slow_s)
+            return x[i], y[i]
+
+    saved, ns["train_set"] = ns["train_set"], Recording()
+    try:
+        yield ns["train_set"]
+    finally:
+        ns["train_set"] = saved
+
+
+def sampler_order(n: int, epoch: int) -> list[int]:
+    """The indices this rank reads in ``epoch`` from ``DistributedSampler(seed=0,
+    drop_last=True)`` over ``n`` examples, after ``set_epoch(epoch)``."""
+    import torch.distributed as dist
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = DistributedSampler(range(n), num_replicas=dist.get_world_size(),
+                                 rank=dist.get_rank(), seed=0, drop_last=True)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def _fresh_path(path: str) -> None:
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0 and os.path.exists(path):
+        os.remove(path)
+    dist.barrier()
+
+
+def engine_check_capstone_loop(fn_name: str = "train_capstone", folder: str = "/tmp",
+                               per_rank: int = 64) -> dict[str, Any]:
+    """*Collective.* Run the learner's ``fn_name(epochs, ckpt_path, budget_s)`` of
+    ``09_capstone`` on a small slice of ``train_set`` (``per_rank`` examples per rank, read
+    through a recording dataset) with no budget to speak of: 1 epoch from nothing, then 2
+    epochs (it should resume and run only epoch 1), then 2 epochs from nothing again. Returns
+    what the graded test asserts: the sampler's order per epoch (``sampler_ok``,
+    ``set_epoch``), the resume (``resumed_epochs``, ``resume_diff`` against the uninterrupted
+    run) and whether the reported ``val_accuracy`` is the model's."""
+    import torch.distributed as dist
+
+    from ..torch_dist.train import evaluate, flat_params
+
+    fn = learner(fn_name)
+    path = os.path.join(folder, "capstone-loop-check.pt")
+    n, mine = per_rank * dist.get_world_size(), per_rank
+    out: dict[str, Any] = {"rank": dist.get_rank()}
+    with small_data(per_rank) as data:
+        _fresh_path(path)
+        first = fn(1, path, 1e9)
+        data.seen.clear()
+        again = fn(2, path, 1e9)
+        resumed_reads = list(data.seen)
+        resumed = flat_params(learner("final_model").module)
+        _fresh_path(path)
+        data.seen.clear()
+        full = fn(2, path, 1e9)
+        reads = list(data.seen)
+        model = learner("final_model").module
+        val = evaluate(model, learner("val_x").to(next(model.parameters()).device),
+                       learner("val_y").to(next(model.parameters()).device))["accuracy"]
+        _fresh_path(path)
+    want = [sampler_order(n, e) for e in (0, 1)]
+    out.update({
+        "reads": len(reads), "first_epochs": [h.get("epoch") for h in first],
+        "sampler_ok": reads[:mine] == want[0],
+        "set_epoch": reads[:mine] == want[0] and reads[mine:] == want[1],
+        "same_order_twice": reads[:mine] == reads[mine:],
+        "resumed_epochs": [h.get("epoch") for h in again],
+        "resumed_reads_epoch1": resumed_reads == want[1],
+        "resume_diff": float((resumed - flat_params(model)).abs().max()),
+        "full_epochs": [h.get("epoch") for h in full],
+        "val_reported": full[-1].get("val_accuracy") if full else None, "val_model": val,
+    })
+    return out
+
+
+def engine_check_capstone_stop(fn_name: str = "train_capstone", folder: str = "/tmp",
+                               late_s: float = 2.0, budget_s: float = 1.0,
+                               per_rank: int = 64) -> dict[str, Any]:
+    """*Collective until the learner's function returns; nothing collective after it.* The last
+    rank calls ``fn_name(3, path, budget_s)`` ``late_s`` seconds after the others, so the
+    others' clocks read ``late_s`` more: a stop each rank decides from its own clock splits the
+    ranks (one leaves, another waits in the next epoch's collective until the process group
+    times out). Returns this rank's epochs, error and seconds; see :func:`check_capstone_stop`."""
+    import torch.distributed as dist
+
+    fn = learner(fn_name)
+    rank = dist.get_rank()
+    path = os.path.join(folder, "capstone-stop-check.pt")
+    with small_data(per_rank):
+        _fresh_path(path)
+        if rank == dist.get_world_size() - 1:
+            time.sleep(late_s)
+        t0 = time.time()
+        try:
+            epochs, error = [h.get("epoch") for h in fn(3, path, budget_s)], None
+        except Exception as exc:  # the process group's timeout, on the rank left behind
+            epochs, error = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    if rank == 0:  # no barrier here: the ranks may have parted
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    return {"rank": rank, "epochs": epochs, "error": error, "seconds": time.time() - t0}
+
+
+def check_capstone_stop(cluster: Any, fn_name: str = "train_capstone", folder: str = "/tmp",
+                        late_s: float = 2.0, budget_s: float = 1.0,
+                        group_timeout: float = 5.0) -> dict[str, Any]:
+    """*In the kernel* (``09_capstone``, exercise 2). Run :func:`engine_check_capstone_stop` in
+    a process group whose collectives time out after ``group_timeout`` s (so a rank left
+    behind fails in seconds, not minutes), then give the ranks their usual group back.
+    Returns ``same`` (every rank ran the same epochs, no error), ``per_rank`` and ``message``
+    (what happened and the fix)."""
+    from ..torch_dist import process_group
+
+    process_group.stop(cluster)
+    # debug "off": under TORCH_DISTRIBUTED_DEBUG=DETAIL, a DDP backward whose peer has left
+    # waited past the group's timeout in our runs (torch 2.14, gloo); a plain one timed out.
+    process_group.start(cluster, timeout=group_timeout, debug="off")
+    try:
+        res = cluster.run(engine_check_capstone_stop, fn_name, folder, late_s, budget_s,
+                          timeout=late_s + 4 * group_timeout + 60)
+    finally:
+        process_group.stop(cluster)
+        process_group.start(cluster)
+    same = all(r["error"] is None and r["epochs"] == res[0]["epochs"] for r in res)
+    said = "; ".join(f"rank {r['rank']}: " + (f"ran epochs {r['epochs']} and returned after "
+                                             f"{r['seconds']:.1f} s" if r["error"] is None
+                                             else f"left behind, {r['error']}") for r in res)
+    message = "" if same else (
+        f"the ranks did not stop together when rank {res[-1]['rank']} started {late_s:g} s "
+        f"late with budget_s={budget_s:g} ({said}): each rank decided from its own clock. "
+        "Fix: decide together: elapsed = torch.tensor([time.time() - start]); "
+        "dist.all_reduce(elapsed, op=dist.ReduceOp.MAX); stop when elapsed.item() > budget_s")
+    return {"same": same, "per_rank": res, "message": message}

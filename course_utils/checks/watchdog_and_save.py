@@ -65,40 +65,66 @@ def tiny_run(start: int, steps: int, on_step: Any, state: dict[str, Any] | None 
     return torch.cat([q.detach().reshape(-1) for q in model.parameters()])
 
 
-def _dying_save(save: Any, crash_at: int) -> Any:
+def _dying_save(save: Any, crash_at: int, log_fd: int | None = None) -> Any:
     """``torch.save`` replaced in the child: the save after step ``crash_at`` writes half a
-    file and SIGKILLs its own process."""
+    file and SIGKILLs its own process. ``log_fd``: where to write ``time kind n`` lines (each
+    save's start and end, the kill) for the timeline figure."""
     import torch
 
     calls: list[str] = []
     real = torch.save
 
+    def log(kind: str) -> None:
+        if log_fd is not None:
+            os.write(log_fd, f"{time.time():.6f} {kind} {len(calls)}\n".encode())
+
     def dying(obj: Any, f: Any, *a: Any, **k: Any) -> Any:
         calls.append(os.fspath(f) if isinstance(f, (str, os.PathLike)) else repr(f))
+        log("save")
         if len(calls) == crash_at + 1:
             target = open(f, "wb") if isinstance(f, (str, os.PathLike)) else f
             target.write(b"PK\x03\x04 half a checkpoint")
             target.flush()
+            log("kill")
             os.kill(os.getpid(), signal.SIGKILL)
-        return real(obj, f, *a, **k)
+        done = real(obj, f, *a, **k)
+        log("saved")
+        return done
 
     return dying
 
 
-def _forked_child(save: Any, path: str, steps: int, crash_at: int, timeout: float
-                  ) -> tuple[int | None, str]:
+def read_events(fd: int, t0: float) -> list[tuple[float, str, int]]:
+    """The child's ``time kind n`` lines from the read end ``fd`` (closed here), as
+    ``(seconds since t0, kind, n)``."""
+    raw = b""
+    while chunk := os.read(fd, 65536):
+        raw += chunk
+    os.close(fd)
+    out = []
+    for line in raw.decode(errors="replace").splitlines():
+        t, kind, n = line.split()
+        out.append((float(t) - t0, kind, int(n)))
+    return out
+
+
+def _forked_child(save: Any, path: str, steps: int, crash_at: int, timeout: float,
+                  events: list[Any] | None = None) -> tuple[int | None, str]:
     import torch
 
     read_end, write_end = os.pipe()  # the child's error, if the learner's save raised
+    log_read, log_write = os.pipe()  # the child's save events (a few lines)
+    t0 = time.time()
     pid = os.fork()
     if pid == 0:  # the child: train, save with the learner's function, die mid-save
         os.close(read_end)
+        os.close(log_read)
         code = 0
         try:
             # OpenMP's thread pool does not survive a fork (a parallel region would hang): the
             # child computes on one thread, which its tiny model needs anyway.
             torch.set_num_threads(1)
-            torch.save = _dying_save(save, crash_at)
+            torch.save = _dying_save(save, crash_at, log_write)
             tiny_run(0, steps, lambda state: save(state, path))
         except BaseException as exc:  # noqa: BLE001 - reported to the parent, then exit 1
             os.write(write_end, f"{type(exc).__name__}: {exc}"[:300].encode())
@@ -106,11 +132,15 @@ def _forked_child(save: Any, path: str, steps: int, crash_at: int, timeout: floa
         finally:
             os._exit(code)
     os.close(write_end)
+    os.close(log_write)
     try:
         code, err = _wait_child(pid, timeout)
         return code, err or os.read(read_end, 400).decode(errors="replace")
     finally:
         os.close(read_end)
+        got = read_events(log_read, t0)
+        if events is not None:
+            events.extend(got)
 
 
 def _wait_child(pid: int, timeout: float) -> tuple[int | None, str]:
@@ -161,13 +191,14 @@ def engine_check_atomic_save(save_name: str = "save_atomic", folder: str = "/tmp
     # (optimizer, serialization), so the forked child does not import them again.
     full = tiny_run(0, steps, lambda s: torch.save(s, io.BytesIO()))
     t0 = time.perf_counter()
+    events: list[tuple[float, str, int]] = []   # the child's saves, for the timeline figure
     if sys.platform.startswith("linux"):
         # A copy of this engine (fork): torch is imported already, so the child starts at once.
-        code, err = _forked_child(save, path, steps, crash_at, timeout)
+        code, err = _forked_child(save, path, steps, crash_at, timeout, events)
     else:
         code, err = _fresh_child(save, path, steps, crash_at, timeout, folder)
     out: dict[str, Any] = {"child_returncode": code, "child_seconds":
-                           time.perf_counter() - t0, "child_stderr": err,
+                           time.perf_counter() - t0, "child_stderr": err, "events": events,
                            "loads": False, "step": None, "resume_diff": None,
                            "files": sorted(f for f in os.listdir(folder)
                                            if f.startswith("atomic-check"))}
@@ -180,3 +211,86 @@ def engine_check_atomic_save(save_name: str = "save_atomic", folder: str = "/tmp
     resumed = tiny_run(out["step"], steps, lambda s: None, state)
     out["resume_diff"] = float((full - resumed).abs().max())
     return out
+
+
+class _Holder:
+    """A stand-in with ``state_dict()`` for the model or optimizer of a forked save."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def state_dict(self) -> Any:
+        return self.state
+
+
+def engine_check_restart_resume(save_name: str = "save_for_restart",
+                                resume_name: str = "resume_for_restart", folder: str = "/tmp",
+                                timeout: float = 60.0) -> dict[str, Any]:
+    """*Not collective* (run it on one rank). The fast checks of ``08_hangs_and_faults``'s
+    exercise 3, before the ``torchrun`` run: ``resume(model, optimizer, path)`` with no file
+    (step 0, weights untouched) and with a checkpoint of step 5 written by ``save`` (step 5,
+    its weights and momentum); ``save(..., rank=1)`` must write nothing; and a child process
+    killed by SIGKILL in the middle of the save after step 3 must leave a file that resumes at
+    step 3 (an atomic save)."""
+    import torch
+
+    save, resume = learner(save_name), learner(resume_name)
+    path = os.path.join(folder, "restart-check.pt")
+
+    def clean() -> None:
+        for f in os.listdir(folder):
+            if f.startswith("restart-check"):
+                os.remove(os.path.join(folder, f))
+
+    def fresh(seed: int) -> tuple[Any, Any]:
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(10, 3)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def flat(model: Any) -> Any:
+        return torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+
+    clean()
+    out: dict[str, Any] = {}
+    model, opt = fresh(1)
+    before = flat(model).clone()
+    out["no_file_step"] = resume(model, opt, path)
+    out["untouched"] = bool(torch.equal(before, flat(model)))
+    saved, saved_opt = fresh(2)
+    saved(torch.ones(2, 10)).sum().backward()
+    saved_opt.step()
+    save(saved, saved_opt, 5, path, 1)
+    out["rank1_files"] = sorted(f for f in os.listdir(folder) if f.startswith("restart-check"))
+    save(saved, saved_opt, 5, path, 0)
+    model, opt = fresh(3)
+    out["step"] = resume(model, opt, path)
+    out["weight_diff"] = float((flat(model) - flat(saved)).abs().max())
+    out["momentum_restored"] = bool(opt.state_dict()["state"])
+    clean()
+
+    def child_save(state: dict[str, Any], to: str) -> None:
+        save(_Holder(state["model"]), _Holder(state["optimizer"]), state["step"], to, 0)
+
+    tiny_run(0, 1, lambda s: torch.save(s, io.BytesIO()))   # load what the child uses, first
+    code, err = _forked_child(child_save, path, 6, 3, timeout)
+    out.update({"child_returncode": code, "child_stderr": err, "after_kill": None})
+    try:
+        out["after_kill"] = int(resume(torch.nn.Linear(10, 3),
+                                       torch.optim.SGD(torch.nn.Linear(10, 3).parameters(),
+                                                       lr=0.1, momentum=0.9), path))
+    except Exception as exc:  # half a file
+        out["after_kill_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+    clean()
+    return out
+
+
+def engine_pickle_functions(names: list[str], path: str) -> str:
+    """*Not collective.* Write the learner's ``%%px`` functions ``names`` to ``path`` with
+    cloudpickle (by value: a ``torchrun`` worker loads them without the notebook); returns
+    ``path``. Used by exercise 3 of ``08_hangs_and_faults``."""
+    import cloudpickle
+
+    with open(path, "wb") as fh:
+        cloudpickle.dump(tuple(learner(n) for n in names), fh)
+    return path
+

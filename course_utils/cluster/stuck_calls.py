@@ -81,17 +81,23 @@ class StuckCalls:
         return out
 
     def timed_out(self, ranks: RankMap, pending: Sequence[tuple[int, str]], timeout: float,
-                  what: str) -> ClusterTimeout:
-        """Record a call that did not finish in ``timeout`` s; the error that says where."""
+                  what: str, targets: Sequence[int] | None = None) -> ClusterTimeout:
+        """Record a call that did not finish in ``timeout`` s; the error that says where, and
+        which ranks already returned from it. ``targets``: the engine ids the call went to
+        (default: every rank for a call on all ranks, none named for ``... on rank N``)."""
         stuck = ranks_of(ranks, [e for e, _ in pending])
         where = self.where(ranks, [e for e, _ in pending])
         self.last = {"ranks": stuck, "what": what, "since": time.time() - timeout,
                      "msg_ids": [m for _, m in pending], "where": where}
         doing = "".join(f"\n  rank {r}: {where[r]}" for r in stuck if r in where)
+        returned = returned_ranks(ranks, stuck, what, targets)
+        left = (f"; ranks {returned} already returned from it (a rank that left early, e.g. "
+                "after a stop decided from its own numbers, leaves the others waiting in a "
+                "collective it never joins)" if returned else "")
         return ClusterTimeout(
             f"{what} did not finish within {timeout:g} s; still running on ranks {stuck}"
-            f"{doing}\nA collective that some ranks never joined blocks forever, and Ctrl-C "
-            "(SIGINT) cannot break it",
+            f"{left}{doing}\nA collective that some ranks never joined blocks forever, and "
+            "Ctrl-C (SIGINT) cannot break it",
             "run cu.restart() to replace the engines (the process group is rebuilt), "
             "then re-run the cell; check every rank calls the same collectives in order",
         )
@@ -116,6 +122,18 @@ class StuckCalls:
             "run cu.restart() (replaces the engines and rebuilds the process group), then "
             "re-run the cell",
         )
+
+
+def returned_ranks(ranks: RankMap, stuck: Sequence[int], what: str,
+                   targets: Sequence[int] | None = None) -> list[int]:
+    """The ranks a timed-out call went to that are no longer running it. Without ``targets``,
+    a call named ``... on rank N`` went to one rank (none returned), any other to all ranks
+    (``run``, ``call``, ``pull``, ``push``)."""
+    if targets is None:
+        if " on rank " in what:
+            return []
+        targets = ranks.engine_ids
+    return sorted(r for r in ranks_of(ranks, targets) if r not in set(stuck))
 
 
 def ranks_of(ranks: RankMap, engine_ids: Sequence[int]) -> list[int]:

@@ -2,6 +2,9 @@
 
 Every start it resumes from ``<ckpt-dir>/elastic.pt`` if present; rank 1 crashes once at
 ``--crash-at`` (a marker file remembers that it did); rank 0 saves atomically after every step.
+With ``--learner JOB`` (a cloudpickle of the learner's ``(save, resume)`` functions, exercise 3)
+the resume and the save are the learner's: ``resume(model, optimizer, path) -> step`` on every
+start, ``save(model, optimizer, step, path, rank)`` on every rank after every step.
 Prints ``[elastic] ...`` lines that :func:`course_utils.torch_dist.faults.join_elastic` collects.
 """
 
@@ -18,6 +21,7 @@ def main() -> None:
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--crash-at", type=int, default=6)
+    ap.add_argument("--learner", default="")
     args = ap.parse_args()
 
     import torch
@@ -44,7 +48,14 @@ def main() -> None:
     path = os.path.join(args.ckpt_dir, "elastic.pt")
     marker = os.path.join(args.ckpt_dir, "crashed-once")
     start = 0
-    if os.path.exists(path):
+    save = resume = None
+    if args.learner:
+        import cloudpickle
+
+        with open(args.learner, "rb") as fh:
+            save, resume = cloudpickle.load(fh)
+        start = int(resume(model, opt, path))
+    elif os.path.exists(path):
         state = torch.load(path, weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
@@ -63,7 +74,9 @@ def main() -> None:
         opt.zero_grad()
         F.cross_entropy(ddp(x), y).backward()
         opt.step()
-        if rank == 0:
+        if save is not None:
+            save(model, opt, step + 1, path, rank)
+        elif rank == 0:
             tmp = path + ".tmp"
             torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
                         "step": step + 1}, tmp)

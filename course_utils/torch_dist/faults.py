@@ -39,7 +39,8 @@ def set_debug(level: str = "DETAIL", cluster: CourseCluster | None = None) -> di
     cc = cluster or current()
     stop(cc)
     cc.run(engine_set_debug, level, timeout=10)
-    return start(cc)
+    # start() sets TORCH_DISTRIBUTED_DEBUG to its own level on every engine: pass this one
+    return start(cc, debug=level.lower())
 
 
 def restart_group(cluster: CourseCluster | None = None) -> dict[str, Any]:
@@ -154,10 +155,12 @@ def run_rank_death(cluster: CourseCluster | None = None, die_rank: int = 1, die_
 
 
 def start_elastic(ckpt_dir: str, steps: int = 12, crash_at: int = 6, nproc: int = 2,
-                  max_restarts: int = 1) -> dict[str, Any]:
+                  max_restarts: int = 1, learner: str = "") -> dict[str, Any]:
     """Start :mod:`course_utils.torch_dist.elastic_demo` under ``torchrun --standalone`` on this
     machine (loopback only), in the background: rank 1 crashes once at ``crash_at``, torchrun
-    restarts every worker, they resume from the last checkpoint. Collect it with
+    restarts every worker, they resume from the last checkpoint. ``learner``: a file of the
+    learner's save and resume functions (:func:`course_utils.checks.watchdog_and_save.
+    engine_pickle_functions`) that the workers use instead of their own. Collect it with
     :func:`join_elastic`."""
     os.makedirs(ckpt_dir, exist_ok=True)
     for name in ("crashed-once", "elastic.pt", "elastic.pt.tmp"):
@@ -167,6 +170,8 @@ def start_elastic(ckpt_dir: str, steps: int = 12, crash_at: int = 6, nproc: int 
            f"--nproc-per-node={nproc}", f"--max-restarts={max_restarts}",
            "--monitor-interval=0.5", "-m", "course_utils.torch_dist.elastic_demo",
            "--ckpt-dir", ckpt_dir, "--steps", str(steps), "--crash-at", str(crash_at)]
+    if learner:
+        cmd += ["--learner", learner]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOGLEVEL": "WARNING"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
