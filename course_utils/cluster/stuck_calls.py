@@ -99,7 +99,8 @@ class StuckCalls:
             f"{left}{doing}\nA collective that some ranks never joined blocks forever, and "
             "Ctrl-C (SIGINT) cannot break it",
             "run cu.restart() to replace the engines (the process group is rebuilt), "
-            "then re-run the cell; check every rank calls the same collectives in order",
+            "then re-run the cell; check every rank calls the same collectives, in the same "
+            "order and with the same shapes",
         )
 
     def still_stuck(self, queues: dict[Any, Any], registered: set[int]) -> ProcessGroupGone | None:
