@@ -44,7 +44,7 @@ def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
                   rdzv_id: str = "course", torchrun: str = "torchrun",
                   module: str = SCRIPT_MODULE, script_args: Sequence[str] = (),
                   max_restarts: int = 0, local_addr: str | None = None,
-                  is_host: bool | None = None) -> list[str]:
+                  is_host: bool | None = None, script: str | None = None) -> list[str]:
     """The ``torchrun`` argv that every node runs (the same line on each node).
 
     ``rdzv_endpoint`` is ``host:port`` of the c10d store (on the first node); ``nnodes=1``
@@ -54,6 +54,7 @@ def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
     ``is_host``: whether this node runs the c10d store. torchrun decides it by comparing the
     endpoint with the node's host name and addresses; hosts that share a host name, or an
     endpoint given as an address the name does not resolve to, need it said explicitly.
+    ``script``: a script file to run instead of ``-m module`` (unit 6's ``train_ddp.py``).
     """
     if nnodes < 1 or nproc_per_node < 1:
         raise ValueError(f"nnodes={nnodes} and nproc_per_node={nproc_per_node} must be >= 1")
@@ -65,7 +66,7 @@ def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
         f"--max-restarts={max_restarts}",
         *([f"--local-addr={local_addr}"] if local_addr else []),
         *([f"--rdzv-conf=is_host={int(is_host)}"] if is_host is not None else []),
-        "-m", module, *script_args,
+        *([script] if script else ["-m", module]), *script_args,
     ]
 
 
