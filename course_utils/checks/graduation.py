@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -333,3 +334,86 @@ def run_line_as_nodes(line: str, args: Sequence[str] = (), nnodes: int = 2, npro
     envs = [_env({**(env or {}), **node_env(i, nproc, addrs[0], port, addrs[i])})
             for i in range(nnodes)]
     return _run(argvs, envs, timeout, cwd, popens)
+
+
+def batch_script(lines: Sequence[str], profile: Any = "slurm",
+                 script_args: Sequence[str] = ()) -> str:
+    """The whole batch script around the learner's key lines (their ``#SBATCH`` lines and
+    ``srun`` line; see :func:`course_utils.cluster.slurm_script.make_sbatch_script`),
+    ``script_args`` appended to the srun line."""
+    from ..cluster.slurm_script import make_sbatch_script
+
+    extra = " ".join(shlex.quote(a) for a in script_args)
+    own = [f"{ln} {extra}".rstrip() if ln.strip().startswith("srun") else ln for ln in lines]
+    return make_sbatch_script(profile, learner_lines=own)
+
+
+def batch_problems(lines: Any, script: str = "train_ddp.py", nodes: int = 2) -> list[str]:
+    """What the learner's batch-script lines get wrong: ``#SBATCH --nodes``, one task per
+    node, one ``srun ... torchrun`` line with ``--nnodes`` matching, ``$NPROC_PER_NODE``,
+    the c10d rendezvous on ``$RDZV_ENDPOINT``; then the script's syntax (``bash -n``)."""
+    from ..cluster.slurm_script import check_sbatch_script
+
+    if not isinstance(lines, list | tuple) or not all(isinstance(x, str) for x in lines):
+        return ["SBATCH_LINES must be a list of strings: #SBATCH lines and one srun line"]
+    problems = []
+    sb: dict[str, str] = {}
+    for ln in lines:
+        m = re.match(r"\s*#SBATCH\s+--([\w-]+)=(\S+)", ln)
+        if m:
+            sb[m[1]] = m[2]
+    if sb.get("nodes") != str(nodes):
+        problems.append(f"#SBATCH --nodes={sb.get('nodes')}: this job needs "
+                        f"'#SBATCH --nodes={nodes}' (written with '=')")
+    if sb.get("ntasks-per-node") != "1":
+        problems.append(f"#SBATCH --ntasks-per-node={sb.get('ntasks-per-node')}: write "
+                        "'#SBATCH --ntasks-per-node=1': one task per node, its torchrun "
+                        "starts the training processes")
+    sruns = [ln for ln in lines if ln.strip().startswith("srun")]
+    if len(sruns) != 1:
+        return [*problems, f"expected one srun line, found {len(sruns)}"]
+    argv = shlex.split(sruns[0].replace('"', ""))
+    tr = next((i for i, a in enumerate(argv) if os.path.basename(a) == "torchrun"), None)
+    if tr is None:
+        return [*problems, "the srun line must run torchrun (srun ... torchrun ... "
+                f"{script})"]
+    own = _flags(argv[1:tr] + ["torchrun"])
+    if own.get("--ntasks-per-node", "1") != "1" or "--ntasks" in own or "-n" in argv[1:tr]:
+        problems.append("srun must start one task per node (it runs torchrun, which starts the "
+                        "processes): leave --ntasks out, or --ntasks-per-node=1")
+    f = _flags(argv[tr + 1:])
+    if f.get("--nnodes") not in (str(nodes), "$SLURM_NNODES", "$SLURM_JOB_NUM_NODES"):
+        problems.append(f"torchrun --nnodes is {f.get('--nnodes')!r}: use $SLURM_NNODES (the "
+                        "nodes Slurm gave the job)")
+    if not _is_var(f.get("--nproc-per-node", ""), "NPROC_PER_NODE"):
+        problems.append(f"--nproc-per-node is {f.get('--nproc-per-node')!r}: use "
+                        "$NPROC_PER_NODE (the script exports it)")
+    if f.get("--rdzv-backend") != "c10d" or not (
+            _is_var(f.get("--rdzv-endpoint", ""), "RDZV_ENDPOINT", "HEAD_NODE")):
+        problems.append("torchrun needs --rdzv-backend c10d --rdzv-endpoint $RDZV_ENDPOINT "
+                        "(the first node of the job, on a port free there)")
+    if os.path.basename(f["_script"]) != script:
+        problems.append(f"the srun line must run {script} after torchrun's flags")
+    if not problems:
+        check = check_sbatch_script(batch_script(lines), script=script)
+        problems += check.errors
+    return problems
+
+
+def sbatch_test_only(text: str, timeout: float = 20) -> tuple[bool, str] | None:
+    """``sbatch --test-only`` of ``text``: Slurm validates the job and says when it would start,
+    submitting nothing. ``None`` when this machine has no ``sbatch`` or no controller answers."""
+    import shutil
+
+    if not shutil.which("sbatch"):
+        return None
+    try:
+        cp = subprocess.run(["sbatch", "--test-only"], input=text, capture_output=True,
+                            text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    said = (cp.stdout + cp.stderr).strip()
+    if cp.returncode != 0 and re.search(r"contact slurm controller|Unable to contact|"
+                                        r"slurm.conf|Could not establish", said, re.I):
+        return None
+    return cp.returncode == 0, said
