@@ -188,3 +188,53 @@ def test_hosts_picture_draws_every_rank_and_the_counts():
     one = vh.hosts_picture([{"rank": 0, "local_rank": 0, "node_rank": 0, "host": "x"}])
     assert not [t for t in one.axes[0].texts if type(t).__name__ == "Annotation"]
     plt.close(one)
+
+
+def test_a_script_that_does_not_load_or_picks_by_rank_is_named_before_running(tmp_path):
+    pytest.importorskip("torch")
+    stub = tmp_path / "train_ddp.py"
+    stub.write_text("import torch\n# YOUR CODE HERE\nraise NotImplementedError()\n")
+    said = g.script_device_problems(stub)
+    assert len(said) == 1 and "does not load (NotImplementedError" in said[0]
+    stub.write_text("import torch\n\ndef device_for(env, cuda):\n"
+                    "    return torch.device(f\"cuda:{env['RANK']}\") if cuda else 'cpu'\n")
+    assert "LOCAL_RANK, not RANK" in g.script_device_problems(stub)[0]
+
+
+# ---- the batch script's key lines ------------------------------------------------------------
+LINES = ["#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1",
+         'srun torchrun --nnodes "$SLURM_NNODES" --nproc-per-node "$NPROC_PER_NODE" '
+         '--rdzv-backend c10d --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$SLURM_JOB_ID" '
+         "train_ddp.py"]
+
+
+def test_the_notebook_batch_lines_pass_and_make_one_checked_script():
+    ns: dict = {}
+    exec(re.sub(r"### (BEGIN|END) SOLUTION\n", "", notebook_solution("ex5-solution")), ns)
+    assert g.batch_problems(ns["SBATCH_LINES"]) == [] and g.batch_problems(LINES) == []
+    text = g.batch_script(LINES, script_args=["--steps", "3"])
+    assert text.count("#SBATCH --nodes=") == 1 and "#SBATCH --nodes=2" in text
+    assert 'export RDZV_ENDPOINT="$HEAD_NODE:$RDZV_PORT"' in text
+    assert "export NPROC_PER_NODE=" in text and text.rstrip().endswith("train_ddp.py --steps 3")
+
+
+@pytest.mark.parametrize("lines, fix", [
+    ([LINES[0], "#SBATCH --ntasks-per-node=2", LINES[2]], "one task per node"),
+    ([LINES[0], LINES[1], LINES[2].replace("srun", "srun --ntasks-per-node=2")],
+     "srun must start one task per node"),
+    (["#SBATCH --nodes=1", *LINES[1:]], "#SBATCH --nodes=2"),
+    ([*LINES[:2], LINES[2].replace('"$SLURM_NNODES"', "1")], "use $SLURM_NNODES"),
+    ([*LINES[:2], LINES[2].replace('"$NPROC_PER_NODE"', "4")], "$NPROC_PER_NODE"),
+    ([*LINES[:2], LINES[2].replace("--rdzv-backend c10d ", "")], "--rdzv-backend c10d"),
+    ([*LINES[:2], LINES[2].replace("srun torchrun", "srun python")], "must run torchrun"),
+    (LINES[:2], "expected one srun line"),
+    ("srun torchrun", "must be a list of strings"),
+])
+def test_wrong_batch_lines_name_the_fix(lines, fix):
+    problems = g.batch_problems(lines)
+    assert any(fix in p for p in problems), problems
+
+
+def test_sbatch_test_only_is_none_without_sbatch(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert g.sbatch_test_only("#!/bin/bash\n") is None

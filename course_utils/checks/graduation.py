@@ -417,3 +417,15 @@ def sbatch_test_only(text: str, timeout: float = 20) -> tuple[bool, str] | None:
                                         r"slurm.conf|Could not establish", said, re.I):
         return None
     return cp.returncode == 0, said
+
+
+def script_device_problems(path: str | os.PathLike[str]) -> list[str]:
+    """:func:`device_problems` of the script at ``path`` (its ``device_for``), or why the script
+    does not load: what the notebook checks before it spends time running the script."""
+    try:
+        module = load_script(path)
+        device_for = module.device_for
+    except Exception as exc:  # noqa: BLE001 - the learner's code: shown, not raised
+        return [f"{Path(path).name} does not load ({type(exc).__name__}: {exc}): run its "
+                "%%writefile cell after writing device_for, reduce_metrics and main"]
+    return device_problems(device_for)
