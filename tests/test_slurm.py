@@ -636,3 +636,46 @@ def test_unit6_batch_script_runs_on_two_nodes_and_every_rank_ends_equal(two_node
         assert (r["world_size"], r["local_rank"], r["steps"]) == (2, 0, 3)
         assert (r["backend"], r["replica_spread"]) == ("gloo", 0.0)
     assert len({r["checksum"] for r in ranks}) == 1, ranks
+
+
+def test_unit6_learners_batch_lines_run_on_two_nodes(two_node_slurm, tmp_path):
+    """Unit 6, exercise 5 as the notebook solves it: its SBATCH_LINES around the course's
+    script, running its train_ddp.py, submitted to the two-node Slurm cluster; run again, the
+    job resumes from the checkpoint rank 0 saved."""
+    import nbformat
+
+    from course_utils.checks import graduation
+    from tests.rigs.twohosts import IFNAME
+
+    rig, hosts = two_node_slurm
+    nb = nbformat.read(Path(__file__).parents[1] / "notebooks" / "06_two_hosts.ipynb", 4)
+    sol = {c.metadata["nbgrader"]["grade_id"]: re.sub(r"### (BEGIN|END) SOLUTION\n", "", c.source)
+           for c in nb.cells if c.metadata.get("nbgrader", {}).get("solution")}
+    (tmp_path / "train_ddp.py").write_text(sol["ex3-solution"].split("\n", 1)[1])
+    ns: dict = {}
+    exec(sol["ex5-solution"], ns)
+    assert graduation.batch_problems(ns["SBATCH_LINES"]) == []
+    data = tomllib.loads((Path(__file__).parents[1] / "profiles" / "slurm.toml").read_text())
+    data.update(controller_ip=hosts.controller_ip, socket_ifname=IFNAME, engines=2)
+    data["slurm"].update(partition=rig.partition, nodes=2, cpus_per_engine=1,
+                         gpus_per_engine=0, time="5")
+    prof = profile_from_dict(data, name="slurm-two")
+    ckpt = tmp_path / "ckpt.pt"
+    said = graduation.sbatch_test_only(graduation.batch_script(ns["SBATCH_LINES"], prof))
+    assert said is not None and said[0], said
+    logs = []
+    for steps in (3, 6):
+        text = graduation.batch_script(ns["SBATCH_LINES"], prof,
+                                       ["--steps", str(steps), "--checkpoint", str(ckpt)])
+        script = write_sbatch_script(tmp_path / f"learner{steps}.sbatch", text)
+        job = int(rig.run(["sbatch", "--parsable", str(script)], cwd=tmp_path)
+                  .stdout.split(";")[0])
+        out = tmp_path / f"course-ddp-{job}.out"
+        fields = finished_job(rig, job, out, timeout=300)
+        logs.append(out.read_text())
+        print(f"\njob {job}: {fields.get('JobState')} on {fields.get('NodeList')}\n{logs[-1]}")
+    runs = [graduation.ScriptRun(argvs=[["sbatch"]], returncodes=[0], stdout=[log],
+                                 stderr=[""]) for log in logs]
+    assert graduation.run_problems(runs[0], world=2, steps=3) == []
+    assert graduation.run_problems(runs[1], world=2, steps=6, resumed_from=3) == []
+    assert [(s["rank"], s["local_rank"]) for s in runs[0].events("start")] == [(0, 0), (1, 0)]

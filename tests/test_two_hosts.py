@@ -599,34 +599,46 @@ def test_notebook_06_runs_unchanged_on_two_hosts(rig, cluster, profile_path, mon
     assert cu.start(cluster_id=cluster.cluster_id) is cluster
 
 
+def _notebook_solution(grade_id: str) -> str:
+    """The source of unit 6's solution cell ``grade_id``, its region markers removed."""
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / "06_two_hosts.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+    return re.sub(r"### (BEGIN|END) SOLUTION\n", "", cell.source)
+
+
 @pytest.mark.timeout(400)
-def test_torchrun_two_nodes_one_per_host_end_with_equal_weights(rig):
+def test_the_learners_script_and_line_train_across_the_two_hosts(rig):
+    """Unit 6's graduation on two hosts: the notebook's train_ddp.py and TORCHRUN_LINE, one
+    torchrun per simulated host, the c10d store on host a; run again, both resume."""
+    from course_utils.checks import graduation
+
     a, b = rig.host("a"), rig.host("b")
-    port = int(rig.run(a, [sys.executable, "-c", "import socket; s = socket.socket(); "
-                           f"s.bind(('{a.address}', 0)); print(s.getsockname()[1])"]).stdout)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "GLOO_SOCKET_IFNAME": rig.ifname}
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    t0 = time.perf_counter()
-    procs = [rig.popen(h, torchrun_args(2, 1, f"{a.address}:{port}", rdzv_id="rigtest",
-                                        torchrun=torchrun, local_addr=h.address,
-                                        is_host=h is a,
-                                        script_args=["--steps", "4", "--timeout", "60"]),
-                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for h in (a, b)]
-    outs = []
-    for p in procs:
-        out, errs = p.communicate(timeout=360)
-        assert p.returncode == 0, errs[-2000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
-    took = time.perf_counter() - t0
-    FIGURES["torchrun"] = outs
-    print(f"\ntorchrun --nnodes=2 --nproc-per-node=1 (c10d at {a.address}:{port}) in "
-          f"{took:.1f} s:\n" + "\n".join(json.dumps(o) for o in outs))
-    assert {o["node_rank"] for o in outs} == {0, 1} and {o["world_size"] for o in outs} == {2}
-    assert outs[0]["checksum"] == outs[1]["checksum"]
-    assert all(o["replica_spread"] == 0.0 for o in outs)
-    assert {o["master"].rsplit(":", 1)[0] for o in outs} <= {a.address, b.address}
+    script = _notebook_solution("ex3-solution").split("\n", 1)[1]  # without %%writefile
+    (rig.workdir / "train_ddp.py").write_text(script)
+    ns: dict = {}
+    exec(_notebook_solution("ex4-solution"), ns)
+    line = ns["TORCHRUN_LINE"]
+    assert graduation.line_problems(line) == []
+    ckpt = rig.workdir / "two_hosts.pt"  # a path both hosts see
+    popens = [lambda argv, h=h, **kw: rig.popen(h, argv, **kw) for h in (a, b)]
+    env = {"PYTHONPATH": str(REPO), "GLOO_SOCKET_IFNAME": rig.ifname}
+    runs = []
+    for steps in (3, 6):
+        run = graduation.run_line_as_nodes(
+            line, ["--steps", str(steps), "--checkpoint", str(ckpt)], nnodes=2, nproc=1,
+            timeout=300, cwd=rig.workdir, addrs=[a.address, b.address], popens=popens, env=env)
+        print(f"\n{run.summary()}\n" + "\n".join(json.dumps(x) for x in run.lines))
+        runs.append(run)
+        assert run.ok, run.tail()
+    FIGURES["torchrun"] = [r.summary() for r in runs]
+    assert graduation.run_problems(runs[0], world=2, steps=3) == []
+    assert graduation.run_problems(runs[1], world=2, steps=6, resumed_from=3) == []
+    starts = runs[0].events("start")
+    assert [(s["rank"], s["local_rank"], s["world_size"]) for s in starts] == [(0, 0, 2), (1, 0, 2)]
+    # Rank 0 on host a saved; rank 1, on host b, loaded that file.
+    assert [s["rank"] for s in runs[1].events("saved")] == [0]
 
 
 def _doctor(profile: Path, label: str) -> tuple[list[HostCheck], float, list[str]]:

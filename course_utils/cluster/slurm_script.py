@@ -44,7 +44,7 @@ def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
                   rdzv_id: str = "course", torchrun: str = "torchrun",
                   module: str = SCRIPT_MODULE, script_args: Sequence[str] = (),
                   max_restarts: int = 0, local_addr: str | None = None,
-                  is_host: bool | None = None) -> list[str]:
+                  is_host: bool | None = None, script: str | None = None) -> list[str]:
     """The ``torchrun`` argv that every node runs (the same line on each node).
 
     ``rdzv_endpoint`` is ``host:port`` of the c10d store (on the first node); ``nnodes=1``
@@ -54,6 +54,7 @@ def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
     ``is_host``: whether this node runs the c10d store. torchrun decides it by comparing the
     endpoint with the node's host name and addresses; hosts that share a host name, or an
     endpoint given as an address the name does not resolve to, need it said explicitly.
+    ``script``: a script file to run instead of ``-m module`` (unit 6's ``train_ddp.py``).
     """
     if nnodes < 1 or nproc_per_node < 1:
         raise ValueError(f"nnodes={nnodes} and nproc_per_node={nproc_per_node} must be >= 1")
@@ -65,7 +66,7 @@ def torchrun_args(nnodes: int, nproc_per_node: int, rdzv_endpoint: str, *,
         f"--max-restarts={max_restarts}",
         *([f"--local-addr={local_addr}"] if local_addr else []),
         *([f"--rdzv-conf=is_host={int(is_host)}"] if is_host is not None else []),
-        "-m", module, *script_args,
+        *([script] if script else ["-m", module]), *script_args,
     ]
 
 
@@ -190,6 +191,7 @@ def make_sbatch_script(
     output: str = "course-ddp-%j.out",
     workdir: str | None = None,
     extra_sbatch: Sequence[str] = (),
+    learner_lines: Sequence[str] | None = None,
 ) -> str:
     """A Slurm batch script that runs ``python -m module`` with ``srun`` + ``torchrun``.
 
@@ -207,6 +209,12 @@ def make_sbatch_script(
     the batch script finds free there (``rdzv_port`` fixes one: two jobs sharing a node must
     not use the same). ``output``: the job's log, relative to the directory ``sbatch`` runs
     in; every rank writes its JSON line there.
+
+    ``learner_lines`` (unit 6, exercise 5): the learner's ``#SBATCH`` lines, which replace the
+    script's own for the options they set, and the learner's ``srun`` line, which replaces the
+    generated one; the script then also exports ``NPROC_PER_NODE`` (from the profile) and
+    ``RDZV_ENDPOINT`` (``$HEAD_NODE:$RDZV_PORT``) and puts the interpreter's folder first on
+    ``PATH``, so that a bare ``torchrun`` is the venv's.
     """
     prof = load_profile(profile) if not isinstance(profile, ClusterProfile) else profile
     job = _job(prof, nodes, nproc_per_node, gpus_per_node, cpus_per_task, time_limit,
@@ -219,6 +227,18 @@ def make_sbatch_script(
           f"--time={job.time}", f"--output={output}", *job.resources,
           *([f"--chdir={workdir}"] if workdir else []), *job.extra]
     what = "Unit 3's DDP training" if module == SCRIPT_MODULE else f"python -m {module}"
+    body = _run_lines(job, module, script_args, rdzv_port, rdzv_host)
+    if learner_lines is not None:
+        own = [ln.strip() for ln in learner_lines if ln.strip().startswith("#SBATCH")]
+        given = {re.split(r"[= ]", ln.split(None, 1)[1])[0] for ln in own if len(ln.split()) > 1}
+        sb = [*(o.split(None, 1)[1] for o in own),
+              *(o for o in sb if o.split("=")[0] not in given)]
+        runs = [ln.strip() for ln in learner_lines if not ln.strip().startswith("#SBATCH")]
+        bindir = os.path.dirname(job.python) if os.path.isabs(job.python) else ""
+        body = [*body[:-1], f"export NPROC_PER_NODE={job.nproc}",
+                'export RDZV_ENDPOINT="$HEAD_NODE:$RDZV_PORT"',
+                *([f'export PATH={shlex.quote(bindir)}:"$PATH"'] if bindir else []), *runs]
+        what = "your training script"
     lines = ["#!/bin/bash",
              f"# {what} on {job.nodes} node(s) x {job.nproc} process(es), made by",
              f"# course_utils.cluster.slurm_script from profile {prof.name!r}. Submit: sbatch FILE",
@@ -228,7 +248,7 @@ def make_sbatch_script(
              "",
              "set -euo pipefail",
              *(f"export {k}={shlex.quote(v)}" for k, v in sorted(_job_env(prof, job).items())),
-             *_run_lines(job, module, script_args, rdzv_port, rdzv_host),
+             *body,
              ""]
     return "\n".join(lines)
 
@@ -249,13 +269,15 @@ class ScriptCheck:
 
 def check_sbatch_script(text: str, bash: str | None = None,
                         expect: Mapping[str, str] | None = None,
-                        module: str = SCRIPT_MODULE) -> ScriptCheck:
+                        module: str = SCRIPT_MODULE, script: str | None = None) -> ScriptCheck:
     """Check a batch script without Slurm: ``bash -n`` syntax, ``#SBATCH`` options, and one
     ``srun ... torchrun ... -m MODULE`` line with c10d flags (``module``: unit 3's training
     unless said otherwise).
 
     ``expect`` maps ``#SBATCH`` option names (``"nodes"``) or torchrun flags (``"--nnodes"``)
-    to the values they must have.
+    to the values they must have. ``script``: the srun line must run that script file instead
+    of ``-m module`` (unit 6's ``train_ddp.py``). Flags may be ``--flag=value`` or ``--flag
+    value``; ``--nnodes`` may be ``$SLURM_NNODES``.
     """
     res = ScriptCheck()
     bash = bash or shutil.which("bash") or "/bin/bash"
@@ -278,11 +300,17 @@ def check_sbatch_script(text: str, bash: str | None = None,
     if tr is None:
         res.errors.append("the srun line runs no torchrun")
         return res
-    for a in argv[tr + 1:]:
-        if a.startswith("--") and "=" in a:
-            k, v = a.split("=", 1)
-            res.torchrun[k] = v
-    if argv[tr + 1:].count("-m") != 1 or module not in argv:
+    rest, i = argv[tr + 1:], 0
+    while i < len(rest) and rest[i].startswith("--"):
+        k, eq, v = rest[i].partition("=")
+        if not eq and i + 1 < len(rest) and not rest[i + 1].startswith("-"):
+            i, v = i + 1, rest[i + 1]
+        res.torchrun[k.replace("_", "-")] = v
+        i += 1
+    if script is not None:
+        if i >= len(rest) or os.path.basename(rest[i]) != script:
+            res.errors.append(f"torchrun does not run {script}")
+    elif argv[tr + 1:].count("-m") != 1 or module not in argv:
         res.errors.append(f"torchrun does not run -m {module}")
     for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint",
                  "--rdzv-id"):
@@ -290,7 +318,8 @@ def check_sbatch_script(text: str, bash: str | None = None,
             res.errors.append(f"torchrun lacks {flag}")
     if res.torchrun.get("--rdzv-backend", "c10d") != "c10d":
         res.errors.append("use --rdzv-backend=c10d")
-    if res.sbatch.get("nodes") and res.torchrun.get("--nnodes") != res.sbatch["nodes"]:
+    if res.sbatch.get("nodes") and res.torchrun.get("--nnodes") not in (
+            res.sbatch["nodes"], "$SLURM_NNODES", "$SLURM_JOB_NUM_NODES"):
         res.errors.append(f"torchrun --nnodes={res.torchrun.get('--nnodes')} but "
                           f"#SBATCH --nodes={res.sbatch['nodes']}")
     if res.sbatch.get("ntasks-per-node", "1") != "1":
