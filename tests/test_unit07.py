@@ -4,13 +4,11 @@ gloo group of its own (frozen and tied parameters, the student stub)."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from course_utils import checks, viz
-from course_utils.assignments.lessons import NOTEBOOK_DIR
+from course_utils.assignments.lessons import NOTEBOOK_DIR, read
 from course_utils.instructor.graded_tests import with_solution
 from course_utils.torch_dist import perf
 
@@ -123,10 +121,7 @@ def test_overlap_dp_timeline_draws_hooks_and_buckets():
 
 # ---- Exercise 2's check on a real gloo group of its own -------------------------------------
 def _cell(**regions: str) -> str:
-    nb = json.loads((NOTEBOOK_DIR / "07_performance.ipynb").read_text())
-    from nbformat import from_dict
-
-    note = from_dict(nb)
+    note = read(NOTEBOOK_DIR / "07_performance.ipynb")
     for i, body in sorted(regions.items()):
         note = with_solution(note, "ex2-solution", body, region=int(i[1:]))
     cell = next(c for c in note.cells
@@ -140,7 +135,7 @@ def test_solution_equals_ddp_with_frozen_and_tied_and_the_stub_fails():
     fail, naming the fix; a tied weight hooked twice is caught."""
     got = checks.overlap_dp_at(2, source=_cell(), steps=2)
     assert [checks.overlap_dp_problem(r) for r in got] == ["", ""]
-    assert all(r["max_weight_diff"] < 1e-5 and r["n_params"] == 8 for r in got)
+    assert all(r["max_weight_diff"] < 1e-5 and r["n_params"] == 7 for r in got)
     with pytest.raises(RuntimeError, match="NotImplementedError"):
         checks.overlap_dp_at(2, source=_cell(r0="raise NotImplementedError()"), steps=1)
     every = ("for prm in model.parameters():\n    dist.broadcast(prm.data, src=0)\n"

@@ -17,16 +17,19 @@ from .common import learner
 
 def frozen_tied_mlp(width: int = 256, depth: int = 4, seed: int = 0) -> Any:
     """The model of Exercise 2's check: :func:`course_utils.torch_dist.record.timeline_mlp`
-    with the first layer's bias frozen (``requires_grad=False``, as in fine-tuning) and the
-    last hidden layer's weight tied to the second's (one tensor used twice, as tied
-    embeddings are). Introduced in ``07_performance``."""
+    with two frozen parameters (``requires_grad=False``, as in fine-tuning: the first layer's
+    weight and the third's bias) and the last hidden layer's weight tied to the second's (one
+    tensor used twice, as tied embeddings are). Backward's last gradient is then the first
+    layer's small bias, so the last bucket is always partial: ``sync()`` must launch it.
+    Introduced in ``07_performance``."""
     from torch import nn
 
     from ..torch_dist.record import timeline_mlp
 
     model = timeline_mlp(width, depth, seed=seed)
     lin = [m for m in model if isinstance(m, nn.Linear)]
-    lin[0].bias.requires_grad_(False)
+    lin[0].weight.requires_grad_(False)
+    lin[2].bias.requires_grad_(False)
     lin[-2].weight = lin[1].weight
     return model
 
@@ -90,6 +93,8 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
     model = frozen_tied_mlp(width, depth, seed=rank)  # different start: the class must broadcast
     try:
         ours = cls(model, bucket_cap_mb=bucket_cap_mb)
+    except NotImplementedError:
+        raise
     except RuntimeError as exc:
         raise RuntimeError(
             f"{cls_name}(model) failed on a model with a frozen parameter (requires_grad=False) "
