@@ -181,7 +181,8 @@ def test_catalogue_files_are_well_formed():
         nb = read(NOTEBOOK_DIR / mod.NOTEBOOK)
         s, f = index_of(nb, mod.GRADE_ID), index_of(nb, mod.FAILS)
         assert s < f and is_test_cell(nb.cells[f]), f"{path.name}: FAILS must be a later test"
-        with_solution(copy.deepcopy(nb), mod.GRADE_ID, mod.BODY)  # the region exists
+        with_solution(copy.deepcopy(nb), mod.GRADE_ID, mod.BODY,
+                      getattr(mod, "REGION", 0))  # the region exists
 
 
 @pytest.mark.parametrize("path", MISTAKES, ids=[p.stem for p in MISTAKES])
@@ -192,7 +193,8 @@ def test_mistake_fails_its_own_test_with_the_fix(path, kernel):
         session.make_clean()
     session.used = True
     session.open(mod.NOTEBOOK)
-    mutated = with_solution(copy.deepcopy(session.nb), mod.GRADE_ID, mod.BODY)
+    mutated = with_solution(copy.deepcopy(session.nb), mod.GRADE_ID, mod.BODY,
+                            getattr(mod, "REGION", 0))
     s, f = index_of(mutated, mod.GRADE_ID), index_of(mutated, mod.FAILS)
     session.run_original(s)
     assert not session.failed_tests, (

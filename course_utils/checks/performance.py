@@ -1,31 +1,75 @@
-"""Engine-side probes behind the graded tests of ``07_performance``."""
+"""Engine-side probes behind the graded tests of ``07_performance``, and the run of Exercise 2's
+check on more ranks than the notebook's cluster has (:func:`overlap_dp_at`)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import time
 from typing import Any
 
 from .common import learner
 
 
+def frozen_tied_mlp(width: int = 256, depth: int = 4, seed: int = 0) -> Any:
+    """The model of Exercise 2's check: :func:`course_utils.torch_dist.record.timeline_mlp`
+    with two frozen parameters (``requires_grad=False``, as in fine-tuning: the first layer's
+    weight and the third's bias) and the last hidden layer's weight tied to the second's (one
+    tensor used twice, as tied embeddings are). Backward's last gradient is then the first
+    layer's small bias, so the last bucket is always partial: ``sync()`` must launch it.
+    Introduced in ``07_performance``."""
+    from torch import nn
+
+    from ..torch_dist.record import timeline_mlp
+
+    model = timeline_mlp(width, depth, seed=seed)
+    lin = [m for m in model if isinstance(m, nn.Linear)]
+    lin[0].weight.requires_grad_(False)
+    lin[2].bias.requires_grad_(False)
+    lin[-2].weight = lin[1].weight
+    return model
+
+
+class _SpiedWork:
+    """A real work handle, passed through, that notes when ``wait()`` was first called."""
+
+    def __init__(self, work: Any, log: dict[str, Any]) -> None:
+        self._work, self._log = work, log
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        if self._log["waited"] is None:
+            self._log["waited"] = time.perf_counter()
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("get_future", "is_completed") and self._log["asked"] is None:
+            self._log["asked"] = time.perf_counter()   # waiting another way counts too
+        return getattr(self._work, name)
+
+
 def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
                             bucket_cap_mb: float = 0.25, width: int = 256, depth: int = 4,
                             batch: int = 32, timing_steps: int = 5) -> dict[str, Any]:
     """*Collective.* Train the learner's ``cls_name(model, bucket_cap_mb)`` (``.model``, hooks,
-    ``.sync()`` after ``backward()``) next to torch DDP on the same data, with
-    ``dist.all_reduce`` spied on, then time it against unit 2's blocking loop and DDP.
+    ``.sync()`` after ``backward()``) on :func:`frozen_tied_mlp` next to torch DDP on the same
+    data, with ``dist.all_reduce`` spied on; then (``timing_steps`` > 0) time it against unit
+    2's blocking loop and DDP, each in turn on the same process group.
 
-    Returned per rank: max |w_learner - w_ddp| after ``steps`` SGD steps, the spied launches
-    per step (how many, how many ``async_op=True``), and per step the seconds between the first
-    launch and the end of ``backward()`` (positive: communication started before backward
-    ended), plus the median step times of the three versions.
+    Returned per rank: max |w_learner - w_ddp| after ``steps`` SGD steps, the first step's
+    gradient ratio (learner's over DDP's: 1 when right, ``p`` when the sum was not divided),
+    the gradient values per step that training needs reduced, and per step what the spy saw
+    (:func:`_spied_steps`), plus the median step times and the last step's timeline
+    (:func:`course_utils.viz.overlap_dp_timeline` draws it).
     """
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ..torch_dist.record import timeline_mlp
     from ..torch_dist.train import flat_params
 
     cls = learner(cls_name)
@@ -35,18 +79,64 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
              torch.randint(0, 10, (batch,), generator=gen))
             for _ in range(max(steps, timing_steps + 1))]
 
-    ref = DDP(timeline_mlp(width, depth, seed=0), bucket_cap_mb=bucket_cap_mb)
+    ref_model = frozen_tied_mlp(width, depth, seed=0)
+    ref = DDP(ref_model, bucket_cap_mb=bucket_cap_mb)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    trainable = [q for q in ref_model.parameters() if q.requires_grad]
+    ref_grads = []
     for x, y in data[:steps]:
         ref_opt.zero_grad()
         F.cross_entropy(ref(x), y).backward()
+        ref_grads.append([q.grad.clone() for q in trainable])
         ref_opt.step()
 
-    model = timeline_mlp(width, depth, seed=rank)  # different start: the class must broadcast
-    ours = cls(model, bucket_cap_mb=bucket_cap_mb)
+    model = frozen_tied_mlp(width, depth, seed=rank)  # different start: the class must broadcast
+    try:
+        ours = cls(model, bucket_cap_mb=bucket_cap_mb)
+    except NotImplementedError:
+        raise
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"{cls_name}(model) failed on a model with a frozen parameter (requires_grad=False) "
+            f"and a tied weight: register hooks only on parameters that require grad, and "
+            f"broadcast every parameter. ({str(exc).splitlines()[0][:160]})") from None
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    per_step = _spied_steps(ours, opt, data[:steps])
+    frozen_equal = _frozen_equal(model)
+    per_step, first_grads, timeline = _spied_steps(ours, opt, data[:steps])
+    mine = [q for q in model.parameters() if q.requires_grad]
+    num = sum(float((g * r).sum()) for g, r in zip(first_grads, ref_grads[0], strict=True))
+    den = sum(float((r * r).sum()) for r in ref_grads[0])
     diff = float((flat_params(model) - flat_params(ref.module)).abs().max())
+    out = {"rank": rank, "world_size": dist.get_world_size(), "max_weight_diff": diff,
+           "grad_ratio": num / den if den else float("nan"), "steps": per_step,
+           "frozen_equal": frozen_equal, "n_params": len(mine),
+           "grad_values": sum(q.numel() for q in mine), "timeline": timeline, "step_s": {}}
+    if timing_steps > 0:
+        out["step_s"] = _timings(ours, opt, ref, ref_opt, data[:timing_steps + 1], width, depth)
+    return out
+
+
+def _frozen_equal(model: Any) -> bool:
+    """Whether every frozen parameter equals rank 0's after the learner's ``__init__``."""
+    import torch
+    import torch.distributed as dist
+
+    ok = torch.ones(1)
+    for q in model.parameters():
+        if not q.requires_grad:
+            theirs = q.detach().clone()
+            dist.broadcast(theirs, src=0)
+            ok *= float(torch.equal(theirs, q.detach()))
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item() == 1)
+
+
+def _timings(ours: Any, opt: Any, ref: Any, ref_opt: Any, data: list[Any], width: int,
+             depth: int) -> dict[str, float]:
+    import torch
+    import torch.nn.functional as F
+
+    from ..torch_dist.record import timeline_mlp
 
     def ours_step(x: Any, y: Any) -> None:
         opt.zero_grad()
@@ -61,46 +151,95 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
 
     plain = timeline_mlp(width, depth, seed=0)
     plain_opt = torch.optim.SGD(plain.parameters(), lr=0.05)
-    timed = data[:timing_steps + 1]
-    times = {"overlap_dp": _median_step(ours_step, timed),
-             "blocking": _median_step(lambda x, y: _blocking_step(plain, plain_opt, x, y),
-                                      timed),
-             "ddp": _median_step(ddp_step, timed)}
-    return {"rank": rank, "max_weight_diff": diff, "steps": per_step,
-            "n_params": len(list(model.parameters())), "step_s": times}
+    return {"overlap_dp": _median_step(ours_step, data),
+            "blocking": _median_step(lambda x, y: _blocking_step(plain, plain_opt, x, y), data),
+            "ddp": _median_step(ddp_step, data)}
 
 
-def _spied_steps(ours: Any, opt: Any, data: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
-    """SGD steps of the learner's class with ``dist.all_reduce`` spied on: per step, how many
-    launches, how many async, and how long before backward's end the first one started."""
+def _spied_steps(ours: Any, opt: Any, data: list[tuple[Any, Any]]
+                 ) -> tuple[list[dict[str, Any]], list[Any], dict[str, Any]]:
+    """SGD steps of the learner's class with ``dist.all_reduce`` spied on. Per step: launches,
+    how many async, gradient values launched, how long before backward's end the first launch
+    came, ``wait()`` calls made during backward, launches never waited for by the end of
+    ``sync()``, and work still in ``.pending`` after it. Also the first step's gradients after
+    ``sync()`` and the last step's timeline (hook and launch/finish times, in seconds from the
+    start of backward)."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
     real = dist.all_reduce
-    launches: list[tuple[float, bool]] = []
+    launches: list[dict[str, Any]] = []
+    hooks: list[tuple[float, int, int]] = []
+    params = [q for q in ours.model.parameters() if q.requires_grad]
+    index = {id(q): i for i, q in enumerate(params)}
+    handles = [q.register_post_accumulate_grad_hook(
+        lambda q: hooks.append((time.perf_counter(), index[id(q)], q.numel()))) for q in params]
 
     def spy(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-        is_async = bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))
-        launches.append((time.perf_counter(), is_async))
-        return real(tensor, *args, **kwargs)
+        log = {"t": time.perf_counter(), "numel": tensor.numel(), "waited": None, "asked": None,
+               "done": None,
+               "async": bool(kwargs.get("async_op", args[2] if len(args) > 2 else False))}
+        launches.append(log)
+        work = real(tensor, *args, **kwargs)
+        if work is None:
+            return None
+        try:
+            work.get_future().add_done_callback(
+                lambda _f: log.__setitem__("done", time.perf_counter()))
+        except Exception:  # no future on this backend: the figure uses the wait instead
+            pass
+        return _SpiedWork(work, log)
 
     per_step: list[dict[str, Any]] = []
+    first: list[Any] = []
+    timeline: dict[str, Any] = {}
     dist.all_reduce = spy
     try:
         for x, y in data:
             opt.zero_grad()
             launches.clear()
+            hooks.clear()
             loss = F.cross_entropy(ours.model(x), y)
+            back_start = time.perf_counter()
             loss.backward()
             back_end = time.perf_counter()
+            buckets = _bucket_of(ours)
             ours.sync()
+            sync_end = time.perf_counter()
+            if not first:
+                first = [q.grad.clone() for q in params]
             opt.step()
-            per_step.append({"launches": len(launches),
-                             "async": sum(a for _, a in launches),
-                             "lead_s": (back_end - launches[0][0]) if launches else None})
+            per_step.append({
+                "launches": len(launches), "async": sum(d["async"] for d in launches),
+                "values": sum(d["numel"] for d in launches),
+                "lead_s": (back_end - launches[0]["t"]) if launches else None,
+                "waited_in_backward": sum(d["waited"] is not None and d["waited"] < back_end
+                                          for d in launches),
+                "never_waited": sum(d["waited"] is None and d["asked"] is None and d["async"]
+                                    for d in launches),
+                "pending_after": len(getattr(ours, "pending", []) or [])})
+            timeline = {"backward": [0.0, back_end - back_start],
+                        "sync_end": sync_end - back_start, "bucket_of": buckets,
+                        "hooks": [(t - back_start, i, n) for t, i, n in hooks],
+                        "launches": [{"t": d["t"] - back_start, "numel": d["numel"],
+                                      "done": None if d["done"] is None else
+                                      d["done"] - back_start} for d in launches]}
     finally:
         dist.all_reduce = real
-    return per_step
+        for h in handles:
+            h.remove()
+    return per_step, first, timeline
+
+
+def _bucket_of(ours: Any) -> dict[int, int]:
+    """Which bucket (launch order) each parameter went to, read from the skeleton's
+    ``.pending`` and the open ``.bucket`` after backward (empty if the class has neither)."""
+    order = [list(item[2]) for item in getattr(ours, "pending", []) or []
+             if isinstance(item, tuple) and len(item) == 3]
+    order.append(list(getattr(ours, "bucket", []) or []))
+    params = [q for q in ours.model.parameters() if q.requires_grad]
+    index = {id(q): i for i, q in enumerate(params)}
+    return {index[id(q)]: b for b, qs in enumerate(order) for q in qs if id(q) in index}
 
 
 def _blocking_step(m: Any, o: Any, x: Any, y: Any) -> None:
@@ -130,3 +269,190 @@ def _median_step(step: Any, data: list[tuple[Any, Any]]) -> float:
         step(x, y)
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:])
+
+
+# ---- the same check on p ranks of its own ---------------------------------------------------
+def engine_cell_source(name: str = "OverlapDP") -> str:
+    """*Not collective.* The code of the ``%%px`` cell that defined ``name`` on this engine
+    (from the cell's lines IPython keeps for tracebacks)."""
+    import inspect
+    import linecache
+
+    obj = learner(name)
+    fn = next((v for v in vars(obj).values() if inspect.isfunction(v)), None) \
+        if isinstance(obj, type) else obj
+    code = getattr(fn, "__code__", None)
+    lines = linecache.getlines(code.co_filename) if code is not None else []
+    if not lines:
+        raise LookupError(f"the code of {name!r} is not available on this engine: run its "
+                          "cell again")
+    return "".join(lines)
+
+
+_CHILD = r"""
+import datetime, json, multiprocessing, os, sys
+import torch, torch.distributed as dist
+from course_utils.checks.performance import engine_check_overlap_dp
+world_size, port, path, name, steps = sys.argv[1:6]
+world_size, steps = int(world_size), int(steps)
+with open(path) as fh:
+    cell = compile(fh.read(), "<your " + name + " cell>", "exec")
+
+def rank_main(rank, out):
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world_size, timeout=datetime.timedelta(seconds=40))
+        globals().update(rank=rank, world_size=world_size)
+        exec(cell, globals())
+        res = engine_check_overlap_dp(name, steps=steps, timing_steps=0)
+        res.pop("timeline", None)
+        out.send(("ok", res))
+    except BaseException as exc:
+        out.send(("error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
+    os._exit(0)   # no teardown to wait for: the group ends with the processes
+
+# torch is imported once, here; each rank is a fork of this process (no threads yet)
+ctx = multiprocessing.get_context("fork")
+pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
+procs = [ctx.Process(target=rank_main, args=(r, pipes[r][1])) for r in range(world_size)]
+for q in procs:
+    q.start()
+for r, (recv, _send) in enumerate(pipes):
+    kind, got = recv.recv()
+    print(("RESULT " if kind == "ok" else "ERROR ") + json.dumps({"rank": r, "got": got}),
+          flush=True)
+os._exit(0)
+"""
+
+
+def overlap_dp_at(ranks: int = 3, source: str | None = None, cluster: Any = None,
+                  name: str = "OverlapDP", steps: int = 2, timeout: float = 180.0
+                  ) -> list[dict[str, Any]]:
+    """Exercise 2's check (:func:`engine_check_overlap_dp`, timings left out) on ``ranks``
+    processes of its own on this machine: a plain gloo group (debug off) among forks of one
+    fresh Python process (torch imported once), each running the learner's cell (``source``;
+    default: copied from the cluster's rank 0) with ``rank`` and ``world_size`` set as the
+    engines have them. Kernel side; every process is stopped before it returns. Introduced
+    in ``07_performance`` (the answer depends on the number of ranks, so it is graded at
+    more than two)."""
+    from ..cluster import current, ports
+
+    if source is None:
+        source = (cluster or current()).run_on(0, engine_cell_source, name, timeout=30)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_DISTRIBUTED")}
+    env.update(PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1",
+               TORCH_DISTRIBUTED_DEBUG="OFF")
+    with tempfile.TemporaryDirectory(prefix="course-overlap-") as tmp:
+        path = os.path.join(tmp, "cell.py")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(source)
+        port = ports.free_port()
+        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(ranks), str(port), path,
+                                 name, str(steps)], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        return _collect(proc, ranks, timeout)
+
+
+def _collect(proc: Any, ranks: int, timeout: float) -> list[dict[str, Any]]:
+    import signal
+
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        done = out.count("RESULT ")
+        raise TimeoutError(f"the check on {ranks} ranks did not finish within {timeout:g} s "
+                           f"({done} of {ranks} ranks done): every rank must launch the same "
+                           "buckets and wait for each once") from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)   # the forks, should any be left
+    results: dict[int, Any] = {}
+    for line in out.splitlines():
+        kind, _, body = line.partition(" ")
+        if kind in ("RESULT", "ERROR"):
+            got = json.loads(body)
+            if kind == "ERROR":
+                raise RuntimeError(f"rank {got['rank']} of {ranks} failed: {got['got']}")
+            results[got["rank"]] = got["got"]
+    if len(results) != ranks:
+        last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or ["?"]
+        raise RuntimeError(f"the check on {ranks} ranks ended early: {last[0][:300]}")
+    return [results[r] for r in range(ranks)]
+
+
+# ---- kernel side: what the graded tests assert ----------------------------------------------
+def overlap_dp_problem(r: dict[str, Any]) -> str:
+    """The first thing wrong in one rank's :func:`engine_check_overlap_dp` result, or ``""``.
+    The checks go from the most telling to the least, so that a learner meets the message that
+    names their fix: waiting inside the hook, blocking launches, launching only in ``sync()``,
+    one bucket, a bucket never launched, a tied weight reduced twice, work never waited for,
+    work left pending, a frozen parameter not broadcast, a sum not divided by ``world_size``,
+    and then any other difference from torch DDP's weights."""
+    p, want = r["world_size"], r["grad_values"]
+    on = f"rank {r['rank']} of {p}: "
+    for s in r["steps"]:
+        if s["waited_in_backward"]:
+            return (on + "work.wait() ran during backward (inside the hook), so each bucket held "
+                    "backward until it was reduced and nothing overlapped: keep the handle in "
+                    "self.pending (the given _launch does) and wait only in sync()")
+        if s["async"] != s["launches"]:
+            return on + "launch every all_reduce with async_op=True"
+        if s["lead_s"] is None or s["lead_s"] <= 0:
+            return (on + "expected the first all_reduce to start before backward ended: "
+                    "launch full buckets from the hook, not in sync()")
+        if s["launches"] < 2:
+            return (on + f"expected several buckets per step, found {s['launches']}: in the "
+                    "hook, launch each time the bucket holds at least self.cap bytes")
+        if s["values"] < want:
+            return (on + f"{want - s['values']} of the {want} gradient values were never "
+                    "all-reduced: in sync(), launch the last, partial bucket first")
+        if s["values"] > want:
+            return (on + f"{s['values']} gradient values were all-reduced per step, but the "
+                    f"parameters that require grad hold {want}: register one hook per "
+                    "parameter (model.parameters() lists a tied weight once)")
+        if s["never_waited"]:
+            return (on + f"{s['never_waited']} all_reduce(s) were never waited for: in sync(), "
+                    "call work.wait() on every pending bucket before copying it back (the "
+                    "optimizer step would read half-reduced gradients)")
+        if s["pending_after"]:
+            return on + "leave no pending work behind: empty self.pending at the end of sync()"
+    if not r["frozen_equal"]:
+        return (on + "a frozen parameter differs from rank 0's: broadcast every parameter, "
+                "frozen ones too (DDP does); register hooks only where requires_grad is True")
+    if abs(r["grad_ratio"] - 1) > 1e-3:
+        return (on + f"your gradients are {r['grad_ratio']:.3g}x torch DDP's: divide the "
+                f"summed gradients by world_size ({p} here), once")
+    if r["max_weight_diff"] >= 1e-5:
+        return (on + f"expected the weights of torch DDP, found a max difference of "
+                f"{r['max_weight_diff']:.3g}: copy every slice of flat back into its "
+                "parameter's .grad")
+    return ""
+
+
+def alpha_beta_problem(fit: Any, predict: Any, ranks: tuple[int, ...] = (2, 3, 4)) -> str:
+    """Exercise 1 of ``07_performance`` on exact data (kernel side): for each number of ranks,
+    times made from a known ``alpha`` and ``beta`` with the ring's formula; ``fit(sizes,
+    seconds, p)`` must give them back and ``predict(alpha, beta, n, p)`` the formula's time.
+    Returns the first problem, naming the fix, or ``""``."""
+    import numpy as np
+
+    alpha, beta = 50e-6, 1e-9
+    sizes = np.array([4.0 * 4**k for k in range(12)])
+    for p in ranks:
+        seconds = 2 * (p - 1) * alpha + 2 * (p - 1) / p * sizes * beta
+        got_a, got_b = (float(v) for v in fit(sizes, seconds, p))
+        if not np.isclose(got_a, alpha, rtol=1e-3) or not np.isclose(got_b, beta, rtol=1e-3):
+            hint = ("np.polyfit(n, t, 1) returns (slope, intercept), in that order"
+                    if np.isclose(got_a, beta / p, rtol=1e-2) else
+                    "alpha = a / (2(p-1)) and beta = b·p / (2(p-1)), with the p passed in")
+            return (f"with p={p} ranks and times made from alpha={alpha:g} s, beta={beta:g} s/B,"
+                    f" my_alpha_beta returned ({got_a:.3g}, {got_b:.3g}): {hint}")
+        n = 3 * 2**18
+        want = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
+        got = float(predict(alpha, beta, n, p))
+        if not np.isclose(got, want, rtol=1e-6):
+            return (f"predict_seconds(alpha, beta, {n}, {p}) returned {got:.4g} s, the ring "
+                    f"takes {want:.4g} s: 2(p-1)·alpha + 2(p-1)/p·nbytes·beta")
+    return ""

@@ -69,15 +69,19 @@ def grade_outcomes(executed: NotebookNode) -> list[GradeOutcome]:
     return outcomes
 
 
-def with_solution(nb: NotebookNode, grade_id: str, body: str) -> NotebookNode:
-    """``nb`` with the solution region of cell ``grade_id`` replaced by ``body`` (indented to
-    match). Tests use it to plant a learner's typical mistake and check a graded test fails."""
+def with_solution(nb: NotebookNode, grade_id: str, body: str, region: int = 0
+                  ) -> NotebookNode:
+    """``nb`` with solution region number ``region`` (0: the first) of cell ``grade_id``
+    replaced by ``body`` (indented to match). Tests use it to plant a learner's typical
+    mistake and check a graded test fails."""
     for cell in nb.cells:
         if nbgrader_meta(cell).get("grade_id") != grade_id:
             continue
-        m = re.search(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION\n?", cell.source, re.S)
-        if not m:
-            raise ValueError(f"cell {grade_id!r} has no solution region")
+        found = list(re.finditer(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION\n?",
+                                 cell.source, re.S))
+        if len(found) <= region:
+            raise ValueError(f"cell {grade_id!r} has no solution region {region}")
+        m = found[region]
         lines = [m.group(1) + ln if ln else ln for ln in body.strip("\n").splitlines()]
         cell.source = cell.source[: m.start()] + "\n".join(lines) + "\n" + cell.source[m.end():]
         return nb

@@ -308,3 +308,31 @@ def format_sweep(measured: dict[str, Any], p: int) -> str:
             line += f" | {t * 1e6:>10.1f} {algbw(n, t) * 1e3:>11.2f} {busbw(n, t, p) * 1e3:>11.2f}"
         rows.append(line)
     return "\n".join(rows)
+
+
+def ring_vs_gloo(sizes: Sequence[float], gloo: Sequence[float], ring: Sequence[float],
+                 p: int, same_within: float = 0.1) -> str:
+    """What this run's sweep says about the learner's ring next to gloo's all_reduce, at the
+    smallest and the largest size: the sentence is chosen by the measured ratio (within
+    ``same_within`` of 1: no difference this run can show). Kernel side."""
+    from .bandwidth import busbw
+
+    def verdict(r: float) -> str:
+        if abs(r - 1) <= same_within:
+            return "about the same (a difference this small is within the noise)"
+        return "yours was faster" if r < 1 else "gloo's was faster"
+
+    small, large = ring[0] / gloo[0], ring[-1] / gloo[-1]
+    return (f"At {int(sizes[0])} B (the fixed cost of one call) your ring took {small:.2f}x "
+            f"gloo's time: {verdict(small)}. At {human_size(sizes[-1])} (bandwidth) it took "
+            f"{large:.2f}x: {verdict(large)}; busbw yours "
+            f"{busbw(sizes[-1], ring[-1], p) * 1e3:.0f} MB/s, gloo's "
+            f"{busbw(sizes[-1], gloo[-1], p) * 1e3:.0f} MB/s.")
+
+
+def human_size(n: float) -> str:
+    """Bytes as ``4 B``, ``64 KiB``, ``4 MiB``."""
+    for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:g} {unit}"
+    return f"{int(n)} B"

@@ -85,8 +85,9 @@ def engine_profile_ddp(steps: int = 3, bucket_cap_mb: float = 25.0, width: int =
                        model_fn: Callable[[], Any] | None = None) -> dict[str, Any]:
     """*Collective.* Train a DDP model for ``steps`` steps under ``torch.profiler`` and return
     this rank's timeline: forward, backward and optimizer spans (the compute thread) and every
-    ``all_reduce`` of a gradient bucket (gloo's own threads), in seconds from the first step's
-    start, which a barrier aligns across ranks.
+    ``all_reduce`` of a gradient bucket (gloo's own threads; ``launch``: when DDP launched it
+    on the compute thread), in seconds from the first step's start, which a barrier aligns
+    across ranks.
 
     ``bucket_cap_mb`` is DDP's bucket size; ``bucket_bytes`` lists the buckets DDP built, in the
     order it reduces them. ``model_fn`` (default :func:`timeline_mlp`) builds the model.
@@ -144,16 +145,36 @@ def engine_profile_ddp(steps: int = 3, bucket_cap_mb: float = 25.0, width: int =
             continue
         out.append({"kind": kind, "start": start, "end": end, "step": step_of(start)})
     out = _merge_backward(sorted(out, key=lambda d: d["start"]))
-    for s in range(len(spans)):  # bucket index: order of the step's all_reduces
-        reds = [d for d in out if d["kind"] == "all_reduce" and d["step"] == s]
-        for i, d in enumerate(reds):
-            d["bucket"] = i
+    _attach_launches(out, events, t0, main_threads, step_of, len(spans))
     info = ddp._get_ddp_logging_data()
     sizes = str(info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or "")
     bucket_bytes = [int(v) for v in sizes.replace(" ", "").split(",") if v]
     return {"rank": rank, "events": out, "steps": spans, "bucket_cap_mb": float(bucket_cap_mb),
             "bucket_bytes": bucket_bytes, "backend": str(dist.get_backend()),
             "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters())}
+
+
+def _attach_launches(out: list[dict[str, Any]], events: list[Any], t0: float,
+                     main_threads: set[int], step_of: Callable[[float], int], steps: int
+                     ) -> None:
+    """Number each step's all_reduces (``bucket``) and add when DDP launched each one
+    (``launch``: the ``c10d::allreduce_`` op on the compute thread; gloo's own span starts only
+    when one of its worker threads picks the bucket up, in launch order) and whether backward
+    still had autograd nodes to run after the launch returned (``launched_early``)."""
+    launched = sorted(((e.time_range.start - t0) / 1e6, (e.time_range.end - t0) / 1e6)
+                      for e in events
+                      if e.name == "c10d::allreduce_" and e.thread in main_threads)
+    nodes = [(e.time_range.start - t0) / 1e6 for e in events if e.thread in main_threads
+             and e.name.startswith("autograd::engine::evaluate_function:")]
+    for s in range(steps):
+        reds = [d for d in out if d["kind"] == "all_reduce" and d["step"] == s]
+        mine = [t for t in launched if step_of(t[0]) == s]
+        last_node = max((t for t in nodes if step_of(t) == s), default=0.0)
+        for i, d in enumerate(reds):
+            d["bucket"] = i
+            if len(mine) == len(reds):
+                d["launch"] = mine[i][0]
+                d["launched_early"] = mine[i][1] <= last_node
 
 
 def profile_ddp(caps: Sequence[float] = (25.0, 1.0), steps: int = 3,

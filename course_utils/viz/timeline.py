@@ -3,8 +3,10 @@
 Input: one record per rank from :func:`course_utils.torch_dist.record.engine_profile_ddp`
 (``torch.profiler`` spans in seconds from the first step). Each rank gets two lanes: its compute
 thread (forward, backward, optimizer step) and gloo's communication (one bar per gradient
-bucket's all_reduce). Where an orange bar sits under a blue one, communication is hidden behind
-backward; where it sits alone, the rank waits for it.
+bucket's all_reduce, from when a gloo worker thread picked it up; a triangle marks when DDP
+launched it). Where an orange bar sits under a blue one, communication is hidden behind
+backward; where it sits alone, the rank waits for it. :func:`overlap_dp_timeline` draws the
+learner's own ``OverlapDP`` of ``07_performance``: hooks filling buckets, buckets draining.
 """
 
 from __future__ import annotations
@@ -37,6 +39,16 @@ def overlap_fraction(record: Mapping[str, Any]) -> float:
         for a, b in back:
             hidden += max(0.0, min(b, e["end"]) - max(a, e["start"]))
     return hidden / total if total > 0 else 0.0
+
+
+def launched_during_backward(record: Mapping[str, Any]) -> float:
+    """Share of one rank's bucket all_reduces that DDP launched while backward still had
+    autograd nodes to run (``launched_early`` of each all_reduce; ``nan`` when the record has
+    none). A bucket launched from the last gradient's hook does not count."""
+    reds = [e for e in record["events"] if e["kind"] == "all_reduce" and "launched_early" in e]
+    if not reds:
+        return float("nan")
+    return sum(bool(e["launched_early"]) for e in reds) / len(reds)
 
 
 def comm_after_backward(record: Mapping[str, Any]) -> float:
@@ -110,6 +122,11 @@ def ddp_timeline(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str | N
             for e, lane in zip(reds, lanes, strict=True):
                 x0, w = e["start"] * 1e3, (e["end"] - e["start"]) * 1e3
                 y0 = y_comm - 0.38 + lane * h
+                if "launch" in e:   # launched by DDP here; queued for a gloo thread until x0
+                    ax.plot([e["launch"] * 1e3, x0], [y0 + h / 2] * 2, color="black",
+                            linewidth=0.8, linestyle=(0, (2, 2)))
+                    ax.plot([e["launch"] * 1e3], [y0 + h / 2], marker="v", color="black",
+                            markersize=5)
                 ax.broken_barh([(x0, w)], (y0, h), facecolors=ROLE["comm"], edgecolor="black",
                                linewidth=0.8)
                 if w > end / 50:
@@ -132,10 +149,58 @@ def ddp_timeline(runs: Mapping[str, Sequence[Mapping[str, Any]]], title: str | N
                Patch(color=ROLE["optimizer"], label="optimizer step"),
                Patch(facecolor=ROLE["comm"], edgecolor="black",
                      label="all_reduce of one gradient bucket (b0 = first reduced)")]
-    fig.legend(handles=handles, loc="lower center", ncol=4, frameon=False)
+    if any("launch" in e for k in names for rec in runs[k] for e in rec["events"]):
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="black", marker="v", linestyle=(0, (2, 2)),
+                              label="launched by DDP; dashes: waiting for a gloo thread"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False,
+               fontsize=9)
     rec0 = runs[names[0]][0]
     fig.suptitle(title or f"DDP on {p} ranks ({rec0.get('backend', 'gloo')}): compute vs "
                  f"communication, {human_bytes(rec0.get('grad_bytes', 0))} of gradients per step",
                  x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
+    return fig
+
+
+@styled
+def overlap_dp_timeline(result: Mapping[str, Any], title: str | None = None) -> Any:
+    """One rank's last checked step of the learner's ``OverlapDP`` (``07_performance``), from
+    :func:`course_utils.checks.engine_check_overlap_dp`'s ``timeline``: backward, a tick per
+    parameter when its hook ran (coloured by the bucket it went into, height: its bytes), and
+    per bucket its all_reduce from launch to finish. Time in ms from the start of backward."""
+    plt = pyplot()
+    tl = result["timeline"]
+    colors = plt.get_cmap("tab10").colors
+    bucket_of = {int(k): v for k, v in (tl.get("bucket_of") or {}).items()}
+    fig, ax = plt.subplots(figsize=(12, 3.6))
+    b0, b1 = (v * 1e3 for v in tl["backward"])
+    ax.broken_barh([(b0, b1 - b0)], (2.6, 0.8), facecolors=ROLE["backward"])
+    ax.text(b0, 3.5, "backward", fontsize=9, va="bottom")
+    top = max((n for _t, _i, n in tl["hooks"]), default=1)
+    for t, i, n in tl["hooks"]:
+        c = colors[bucket_of.get(i, 0) % len(colors)] if i in bucket_of else "0.4"
+        ax.plot([t * 1e3] * 2, [1.3, 1.3 + 0.9 * max(0.15, n / top)], color=c, linewidth=2)
+    launches = [d for d in tl["launches"]]
+    spans = [{"start": d["t"], "end": d["done"] if d["done"] is not None else tl["sync_end"]}
+             for d in launches]
+    lanes = sub_lanes(spans)
+    k = max(lanes, default=0) + 1
+    for b, (d, e, lane) in enumerate(zip(launches, spans, lanes, strict=True)):
+        y0, h = 0.1 + lane * 0.9 / k, 0.8 / k
+        ax.broken_barh([(e["start"] * 1e3, (e["end"] - e["start"]) * 1e3)], (y0, h),
+                       facecolors=colors[b % len(colors)], edgecolor="black", linewidth=0.6)
+        ax.text(e["start"] * 1e3, y0 + h / 2, f" b{b} ({human_bytes(4 * d['numel'])})",
+                fontsize=8, va="center")
+    ax.axvline(b1, color="0.3", linestyle=":", linewidth=1)
+    ax.axvline(tl["sync_end"] * 1e3, color="0.3", linestyle="--", linewidth=1)
+    ax.set_yticks([0.5, 1.75, 3.0], ["all_reduce\n(launch → done)", "hooks\n(one per param)",
+                                     "compute"])
+    ax.set_ylim(-0.1, 4.0)
+    ax.set_xlabel("ms since backward started · dotted: backward ends · dashed: sync() returns")
+    ax.set_title(title or f"your OverlapDP, rank {result['rank']} of {result['world_size']}: "
+                 f"{len(launches)} buckets, {len(tl['hooks'])} hooks in the last checked step",
+                 loc="left", fontsize=12)
+    fig.tight_layout()
     return fig
