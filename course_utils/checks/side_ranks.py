@@ -27,6 +27,9 @@ from course_utils.checks.side_ranks import serve
 serve(folder, parent, idle)
 """
 
+#: Seconds a check waits for the spare process to finish importing torch (it starts at setup).
+START_S = 240.0
+
 #: This engine's spare process and its folder (see :func:`engine_warm`).
 _SPARE: dict[str, Any] = {}
 
@@ -36,8 +39,8 @@ def engine_warm(idle_s: float = 1800.0) -> bool:
     :func:`engine_run_side_ranks` (unless one is running): it imports torch once (seconds on an
     idle machine, a minute on a loaded one) and then forks the side ranks of every check at
     once. It exits when this engine exits, or after ``idle_s`` seconds without a request.
-    Returns whether it was already running. Called on rank 0 by the setup cells of
-    ``00_cluster_tour`` and ``01_collectives`` (the other ranks do nothing)."""
+    Returns whether it was already running. Called on rank 0 through :func:`warm` by the setup
+    cells of ``00_cluster_tour`` and ``01_collectives``."""
     import os
     import subprocess
     import sys
@@ -69,6 +72,7 @@ def serve(folder: str, parent: int, idle_s: float) -> None:
     import time
     from pathlib import Path
 
+    (Path(folder) / "ready").touch()
     last = time.monotonic()
     while os.getppid() == parent and time.monotonic() - last < idle_s:
         with contextlib.suppress(ChildProcessError):
@@ -175,7 +179,8 @@ def simulated_rank_map(hosts: Sequence[int]) -> list[dict[str, Any]]:
 
 
 def engine_run_side_ranks(fn_names: Sequence[str], worlds: Sequence[dict[str, Any]],
-                          timeout: float = 60.0, wait_s: float = 20.0) -> list[dict[str, Any]]:
+                          timeout: float = 60.0, wait_s: float = 20.0,
+                          start_s: float = START_S) -> list[dict[str, Any]]:
     """*Not collective* (one engine runs it). Fork ``max(world size)`` processes from this
     engine's spare process (:func:`engine_warm`; started now if it is not running), copy the
     ``%%px`` functions ``fn_names`` into each, and run every world of ``worlds`` in turn.
@@ -198,18 +203,10 @@ def engine_run_side_ranks(fn_names: Sequence[str], worlds: Sequence[dict[str, An
     import time
     from pathlib import Path
 
-    from ..cluster.ports import free_ports
     from ..torch_dist.px_functions import engine_snapshot_of
 
     snapshots = [engine_snapshot_of(name) for name in fn_names]
-    plan = []
-    for w in worlds:
-        ranks = simulated_rank_map(w["hosts"])
-        store, port = free_ports(2, "127.0.0.1")
-        plan.append({"ranks": ranks, "group": bool(w.get("group", True)),
-                     "calls": [tuple(c) for c in w["calls"]],
-                     "init_method": f"tcp://127.0.0.1:{store}",
-                     "fill": {"$master_addr": "127.0.0.1", "$master_port": port}})
+    plan = [_plan(w) for w in worlds]
     size = max(len(w["ranks"]) for w in plan)
     warm = engine_warm()
     folder = Path(_SPARE["folder"])
@@ -219,6 +216,7 @@ def engine_run_side_ranks(fn_names: Sequence[str], worlds: Sequence[dict[str, An
     (folder / "request.tmp").write_text(f"{payload} {size}")
     os.replace(folder / "request.tmp", payload.with_suffix(".req"))
     outs = [Path(f"{payload}.out.{i}") for i in range(size)]
+    _wait_ready(folder, start_s)
     deadline = time.monotonic() + timeout
     died: list[int] = []
     while not all(o.exists() for o in outs) and time.monotonic() < deadline and not died:
@@ -228,11 +226,7 @@ def engine_run_side_ranks(fn_names: Sequence[str], worlds: Sequence[dict[str, An
         died = [i for i in range(size) if not outs[i].exists() and _gone(payload, i)
                 and not outs[i].exists()]
     late = [i for i, o in enumerate(outs) if not o.exists()]
-    tails = []
-    for i in range(size):
-        log = Path(f"{payload}.log.{i}")
-        said = log.read_bytes().decode(errors="replace")[-600:].strip() if log.exists() else ""
-        tails.append(f"side rank {i}: {said}")
+    tails = [_tail(Path(f"{payload}.log.{i}"), f"side rank {i}: ") for i in range(size)]
     for i in late:   # stop what is still running
         with contextlib.suppress(Exception):
             os.kill(int(Path(f"{payload}.pid.{i}").read_text()), signal.SIGKILL)
@@ -262,6 +256,37 @@ def engine_run_side_ranks(fn_names: Sequence[str], worlds: Sequence[dict[str, An
             for k, w in enumerate(plan)]
 
 
+def _plan(w: dict[str, Any]) -> dict[str, Any]:
+    """One world as the side ranks read it: its rank map, group, calls and two free ports."""
+    from ..cluster.ports import free_ports
+
+    store, port = free_ports(2, "127.0.0.1")
+    return {"ranks": simulated_rank_map(w["hosts"]), "group": bool(w.get("group", True)),
+            "calls": [tuple(c) for c in w["calls"]], "init_method": f"tcp://127.0.0.1:{store}",
+            "fill": {"$master_addr": "127.0.0.1", "$master_port": port}}
+
+
+def _wait_ready(folder: Any, start_s: float) -> None:
+    """Wait until the spare process has imported torch (its ``ready`` file), or say why not."""
+    import time
+
+    ready = time.monotonic() + start_s   # a loaded machine may take a minute to import torch
+    while not (folder / "ready").exists() and time.monotonic() < ready \
+            and _SPARE["proc"].poll() is None:
+        time.sleep(0.1)
+    if not (folder / "ready").exists():
+        spare = (folder / "spare.log").read_bytes().decode(errors="replace")[-400:]
+        raise TimeoutError(
+            f"the spare process for the check's own ranks did not import torch within "
+            f"{start_s:g} s (exit code {_SPARE['proc'].poll()}): is the machine very busy? "
+            f"Re-run the test. It printed: {spare}")
+
+
+def _tail(log: Any, head: str) -> str:
+    said = log.read_bytes().decode(errors="replace")[-600:].strip() if log.exists() else ""
+    return head + said
+
+
 def _gone(payload: Any, i: int) -> bool:
     """Whether side rank ``i`` started and its process no longer exists (reaped by the
     spare process)."""
@@ -289,9 +314,20 @@ def _abort_line(tail: str) -> str:
 def side_ranks(fn_names: Sequence[str], worlds: Sequence[dict[str, Any]], cluster: Any = None,
                timeout: float = 90.0) -> list[dict[str, Any]]:
     """Kernel side: :func:`engine_run_side_ranks` on rank 0's engine of ``cluster`` (default:
-    the current one), with ``timeout`` seconds for the whole run."""
+    the current one), with ``timeout`` seconds for the run once the spare process is ready
+    (which it usually is: the setup cell started it; else up to :data:`START_S` more)."""
     from ..cluster import current
 
     cc = cluster or current()
     return cc.run_on(0, engine_run_side_ranks, list(fn_names), list(worlds), timeout,
-                     timeout=timeout + 15)
+                     timeout=timeout + START_S + 15)
+
+
+def warm(cluster: Any = None) -> bool:
+    """Kernel side: :func:`engine_warm` on rank 0's engine of ``cluster`` (default: the
+    current one); returns at once. What the setup cells of ``00_cluster_tour`` and
+    ``01_collectives`` call, so the tests' own ranks start in seconds later."""
+    from ..cluster import current
+
+    cc = cluster or current()
+    return bool(cc.run_on(0, engine_warm, timeout=60))

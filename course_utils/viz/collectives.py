@@ -124,7 +124,7 @@ def ring_schedule(p: int) -> list[dict[str, Any]]:
         for s in range(p - 1):
             moves = [(r, (r + 1) % p, (r + first - s) % p) for r in range(p)]
             sent = [set(held[src][c]) for src, _dst, c in moves]  # all sends happen at once
-            for (_src, dst, c), got in zip(moves, sent):
+            for (_src, dst, c), got in zip(moves, sent, strict=True):
                 held[dst][c] = held[dst][c] | got if phase == "reduce-scatter" else got
             out.append({"phase": phase, "step": s, "moves": moves,
                         "held": [[sorted(c) for c in row] for row in held]})
@@ -177,8 +177,9 @@ def ring_schedule_picture(p: int = 4) -> Any:
         if st["phase"] == "start":
             title = "start: rank r holds only its own"
         else:
-            title = (f"{st['phase']} step {st['step']}\nrank r sends chunk "
-                     f"{'(r−' if st['phase'] == 'reduce-scatter' else '(r+1−'}{st['step']}) mod {p}")
+            first = "(r−" if st["phase"] == "reduce-scatter" else "(r+1−"
+            title = (f"{st['phase']} step {st['step']}\n"
+                     f"rank r sends chunk {first}{st['step']}) mod {p}")
         ax.set_title(title, fontsize=9.5, color="black" if st["phase"] == "start" else colour)
     fig.suptitle(f"Ring all-reduce on {p} ranks: every rank sends one chunk to the right at "
                  "every step (red: the receiver adds it; green: it overwrites)", fontsize=11)
