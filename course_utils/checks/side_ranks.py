@@ -325,9 +325,18 @@ def side_ranks(fn_names: Sequence[str], worlds: Sequence[dict[str, Any]], cluste
 
 def warm(cluster: Any = None) -> bool:
     """Kernel side: :func:`engine_warm` on rank 0's engine of ``cluster`` (default: the
-    current one); returns at once. What the setup cells of ``00_cluster_tour`` and
-    ``01_collectives`` call, so the tests' own ranks start in seconds later."""
+    current one), now and after every restart of the cluster; returns at once. What the setup
+    cells of ``00_cluster_tour`` and ``01_collectives`` call, so that the tests' own ranks
+    start in seconds later."""
     from ..cluster import current
 
     cc = cluster or current()
+    # cu.restart() replaces the engines, and the spare process exits with its engine: start the
+    # new engines' spare at once (if that fails, the next check starts the spare itself).
+    cc.on_restart("side-ranks", _warm_quietly)
     return bool(cc.run_on(0, engine_warm, timeout=60))
+
+
+def _warm_quietly(cc: Any) -> None:
+    with contextlib.suppress(Exception):
+        cc.run_on(0, engine_warm, timeout=60)
