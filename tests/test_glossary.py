@@ -25,6 +25,14 @@ REQUIRED = {
 }
 
 
+#: Words of the field that later units use (issue 23): each must be defined before a learner
+#: first meets it, in unit 0's glossary or in bold where it is first used.
+FIELD_TERMS = {
+    "replica", "c10d", "elastic", "pod", "tree", "MPI", "queue runner",
+    "between-graph replication", "client",
+}
+
+
 def glossary_cell() -> tuple[int, str]:
     nb = read(NOTEBOOK_DIR / GLOSSARY_NOTEBOOK)
     for i, c in enumerate(nb.cells):
@@ -89,6 +97,53 @@ def test_every_glossary_term_is_defined_before_any_notebook_uses_it():
         if path.name == GLOSSARY_NOTEBOOK:
             break
     assert not early, "terms used before the glossary defines them: " + "; ".join(early)
+
+
+def first_cells(term: str, terms_in_glossary: list[str]) -> tuple[tuple[int, int] | None,
+                                                                   tuple[int, int] | None]:
+    """(notebook index, cell index) of the first cell that uses ``term`` and of the first that
+    defines it (the glossary cell when the table lists it, or a cell writing it in bold), in the
+    order a learner reads the course; ``None`` where there is none."""
+    use = define = None
+    bold = re.compile(r"\*\*`?" + re.escape(term) + r"`?\*\*", re.IGNORECASE)
+    pattern = term_pattern(term)
+    for k, path in enumerate(source_notebooks()):
+        for i, cell in enumerate(read(path).cells):
+            here = (k, i)
+            glossary = (path.name == GLOSSARY_NOTEBOOK
+                        and nbgrader_meta(cell).get("grade_id") == GLOSSARY_CELL)
+            if define is None and ((glossary and term in terms_in_glossary)
+                                   or bold.search(cell.source)):
+                define = here
+            if use is None and pattern.search(cell.source):
+                use = here
+            if use is not None and define is not None:
+                return use, define
+    return use, define
+
+
+def test_first_cells_finds_a_definition_in_bold_or_in_the_glossary():
+    _, text = glossary_cell()
+    use, define = first_cells("rank", parse_terms(text))
+    assert define is not None and use is not None and define <= use
+    use, define = first_cells("no such term anywhere", parse_terms(text))
+    assert use is None and define is None
+
+
+@pytest.mark.parametrize("term", sorted(FIELD_TERMS | REQUIRED))
+def test_every_term_is_defined_before_its_first_use_across_the_course(term):
+    _, text = glossary_cell()
+    names = [p.name for p in source_notebooks()]
+    use, define = first_cells(term, parse_terms(text))
+    if use is None:
+        return   # not used (yet): nothing to define
+    where = f"{names[use[0]]} cell {use[1]}"
+    assert define is not None, (
+        f"{term!r} is first used in {where} and defined nowhere: add it to the glossary in "
+        f"{GLOSSARY_NOTEBOOK} (or write it in bold where it is first explained)")
+    assert define <= use, (
+        f"{term!r} is first used in {where} but defined only in {names[define[0]]} cell "
+        f"{define[1]}: define it in {GLOSSARY_NOTEBOOK}'s glossary")
 
 
 UNIT_REF = re.compile(r"\bUnits?\s+(\d+)(?:\s*(?:[-–]|to)\s*(\d+))?")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from . import side_ranks
 from .common import learner
 
 COUNTED = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
@@ -39,3 +40,87 @@ def engine_check_collectives(fn_name: str, *args: Any) -> dict[str, Any]:
         for name, real in saved.items():
             setattr(dist, name, real)
     return {"result": result, "calls": calls}
+
+
+#: Two simulated hosts of two ranks each: local rank and rank differ on ranks 2 and 3.
+TWO_HOSTS = (2, 2)
+
+
+def local_rank_problem(claimed: list[Any], ranks: list[dict[str, Any]], what: str) -> str | None:
+    """Whether ``claimed`` (one value per rank) is every rank's local rank where its rank
+    belongs (pure). ``ranks`` is the rank map as dicts."""
+    from .feedback import feedback
+
+    local = [r["local_rank"] for r in ranks]
+    if list(claimed) != local or local == [r["rank"] for r in ranks]:
+        return None
+    return feedback(what + f" on {len(ranks)} ranks of two simulated hosts",
+                    f"the ranks {[r['rank'] for r in ranks]}", f"the local ranks {local}",
+                    "use rank, not local_rank: rank numbers every process of the job, "
+                    "local_rank only the processes on one host (it picks the GPU). On one "
+                    "host the two are equal, which is why 2 engines could not tell.")
+
+
+def join_on_two_hosts(cluster: Any = None, timeout_s: float = 5.0) -> str | None:
+    """Kernel side. The learner's ``join_group``/``leave_group`` on 4 ranks of their own
+    (:data:`TWO_HOSTS`, through :func:`~course_utils.checks.side_ranks.side_ranks`): the
+    claims, the group in use, and no group after ``leave_group``. The first problem, or
+    ``None``. Introduced in ``00_cluster_tour``'s Exercise 1 test."""
+    from ..torch_dist.join_watch import explain_join
+    from .feedback import feedback
+
+    jw = "course_utils.torch_dist.join_watch"
+    world = {"hosts": TWO_HOSTS, "group": False, "calls": [
+        (jw, "engine_join", ["join_group", "$master_addr", "$master_port", timeout_s]),
+        (jw, "engine_gather_ranks", []),
+        ("course_utils.cluster.engine", "call_named", ["leave_group", (), {}]),
+        (jw, "engine_has_group", [])]}
+    done = side_ranks.side_ranks(["join_group", "leave_group"], [world], cluster=cluster)[0]
+    if "crash" in done:
+        return feedback("join_group on 4 ranks of their own", "no crash", done["crash"],
+                        "read the error above")
+    joined, seen, _left, alive = done["results"]
+    claimed = [o["claims"][-1]["rank"] if o.get("claims") else None for o in joined]
+    problem = local_rank_problem(claimed, done["ranks"], "the rank each join_group claimed") \
+        or explain_join(joined, done["master_addr"], done["master_port"], timeout_s=timeout_s)
+    if problem:
+        return problem
+    p = len(done["ranks"])
+    if seen != [list(range(p))] * p:
+        return feedback(f"an all_gather of dist.get_rank() on {p} ranks of their own",
+                        f"{list(range(p))} on every rank", f"{seen}",
+                        "build the group with rank=rank and world_size=world_size")
+    if any(a is not False for a in alive):
+        return feedback(f"whether a group exists after leave_group() on {p} ranks", "no group",
+                        f"{alive}", "call dist.destroy_process_group() in leave_group")
+    return None
+
+
+def sum_on_two_hosts(fn_name: str = "sum_of_squares", cluster: Any = None) -> str | None:
+    """Kernel side. The learner's ``sum_of_squares`` on 4 ranks of their own
+    (:data:`TWO_HOSTS`): one ``all_reduce`` and the sum of ``(rank + 1)**2`` on every rank.
+    The first problem, or ``None``. Used by ``00_cluster_tour``'s Exercise 2 test."""
+    from .feedback import feedback
+
+    world = {"hosts": TWO_HOSTS, "calls": [(__name__, "engine_check_collectives", [fn_name])]}
+    done = side_ranks.side_ranks([fn_name], [world], cluster=cluster)[0]
+    if "crash" in done:
+        return feedback(f"{fn_name}() on 4 ranks of their own", "no crash", done["crash"],
+                        "read the error above")
+    runs, ranks = done["results"][0], done["ranks"]
+    failed = [r["side_error"] for r in runs if "side_error" in r]
+    if failed:
+        return feedback(f"{fn_name}() on {len(ranks)} ranks of their own", "no error", failed[0],
+                        "read the error: your function raised it")
+    got = [x["result"] for x in runs]
+    want = float(sum((r["rank"] + 1) ** 2 for r in ranks))
+    if got == [want] * len(ranks):
+        return None
+    wrong_local = float(sum((r["local_rank"] + 1) ** 2 for r in ranks))
+    found = f"{got}" + (" = the sum over local ranks" if got == [wrong_local] * len(ranks)
+                        else "")
+    fix = "use rank, not local_rank: rank numbers every process of the job, local_rank only " \
+          "those on one host" if got == [wrong_local] * len(ranks) else \
+          "each rank puts (rank + 1)**2 into a tensor, all_reduce (SUM), return float(t.item())"
+    return feedback(f"{fn_name}() on {len(ranks)} ranks on two simulated hosts of 2",
+                    f"{want} on every rank", found, fix)

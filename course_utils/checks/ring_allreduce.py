@@ -25,7 +25,8 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
     collective, so one rank's failure can never leave the others waiting here.
 
     Returns the max abs difference, the bytes the learner's function reported sending, the bytes
-    of each message really sent, a checksum of the result (equal on every rank when it is
+    of each message really sent and its ``routes`` (destination, first element in ``t``; -1 for
+    a copy), this rank's ``local_rank``, a checksum of the result (equal on every rank when it is
     replicated) and, when the function failed, ``error`` (its text and the learner's line) or
     ``stuck`` (the call it waited in). Read the result with :func:`ring_problem`. Used by the
     exercise tests in ``01_collectives``.
@@ -51,7 +52,10 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
     mine = x.clone()
     ref = sum((draw(r).double() for r in range(p)), torch.zeros(n, dtype=torch.float64))
     messages: list[int] = []
+    routes: list[tuple[int, int]] = []   # (destination, first element in t or -1) per send
+    base = mine.view(-1)
     out: dict[str, Any] = {"rank": rank, "n": n, "itemsize": x.element_size(), "error": None,
+                           "local_rank": getattr(__main__, "local_rank", rank), "routes": routes,
                            "error_line": "", "stuck": None, "bytes_sent": None}
     with p2p_watchdog(wait_s):
         saved = {name: getattr(dist, name) for name in ("send", "isend")}
@@ -59,6 +63,11 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
         def spying(name: str) -> Callable[..., Any]:
             def spy(tensor: Any, *args: Any, **kwargs: Any) -> Any:
                 messages.append(int(tensor.numel() * tensor.element_size()))
+                dst = args[0] if args else kwargs.get("dst", -1)
+                same = n and tensor.untyped_storage().data_ptr() == \
+                    base.untyped_storage().data_ptr()
+                at = (tensor.data_ptr() - base.data_ptr()) // base.element_size() if same else -1
+                routes.append((int(dst if dst is not None else -1), int(at)))
                 return saved[name](tensor, *args, **kwargs)
             return spy
 
@@ -199,3 +208,149 @@ def engine_check_point_to_point_only(fn_name: str, n: int, seed: int = 0) -> dic
         return engine_check_all_reduce("_course_guarded", n, seed)
     finally:
         __main__.__dict__.pop("_course_guarded", None)
+
+
+def ring_bytes_problem(results: list[dict[str, Any]], fn_name: str = "ring_all_reduce"
+                       ) -> str | None:
+    """Whether the bytes of one :func:`engine_check_all_reduce` run are a chunked ring's: an
+    int per rank, ``2(p-1)`` buffers summed over ranks, each rank's share, the count equal to
+    what ``dist.isend`` really sent, no message over one chunk. ``None`` when right. Pure."""
+    from ..torch_dist.p2p import ring_bytes
+    from .feedback import feedback
+
+    n, p, size = results[0]["n"], len(results), results[0]["itemsize"]
+    want = ring_bytes(n, p, size)
+    sent = [x["bytes_sent"] for x in results]
+    what = f"the bytes {fn_name} returned for n={n} on {p} ranks"
+    if not all(isinstance(b, int) for b in sent):
+        return feedback(what, "an int per rank", f"{sent}",
+                        "count elements * t.element_size() as a Python int")
+    if sum(sent) != want["total"]:
+        return feedback(what + ", summed over ranks",
+                        f"{want['total']} = 2(p-1) buffers of {n * size} bytes",
+                        f"{sum(sent)} (per rank {sent})",
+                        "each of the 2(p-1) steps sends one chunk: count every chunk you send, "
+                        "once")
+    if not all(want["min"] <= b <= want["max"] for b in sent):
+        return feedback(what + ", per rank", f"between {want['min']} and {want['max']}",
+                        f"{sent}", "every rank sends one chunk per step, 2(p-1) steps")
+    really = [sum(x["messages"]) for x in results]
+    if really != sent:
+        return feedback("your byte count against the messages dist.isend really sent",
+                        f"{really}", f"{sent}",
+                        "add each sent chunk's numel() * element_size(), and send with "
+                        "dist.isend")
+    chunk = -(-n // p) * size
+    biggest = max(max(x["messages"], default=0) for x in results)
+    if biggest > chunk:
+        return feedback(f"the largest single message for n={n} on {p} ranks",
+                        f"at most one chunk: {chunk} bytes", f"a message of {biggest} bytes",
+                        "send one chunk per step (chunk_bounds), not the whole buffer: each "
+                        "step may move one chunk")
+    return None
+
+
+#: Why a ring can pass on 2 ranks and fail on more (starts every failure on more ranks).
+MORE_RANKS_NOTE = (" With 2 ranks each phase has one step, and left and right are the same rank,"
+                   " so a ring can pass there and be wrong here.")
+
+
+def ring_schedule_chunks(r: int, p: int) -> list[int]:
+    """The chunk index rank ``r`` sends at each of the ``2(p-1)`` steps of the ring (pure):
+    ``(r - s) % p`` in reduce-scatter, then ``(r + 1 - s) % p`` in all-gather."""
+    return [(r - s) % p for s in range(p - 1)] + [(r + 1 - s) % p for s in range(p - 1)]
+
+
+def ring_route_hint(results: list[dict[str, Any]]) -> str:
+    """What the messages of one :func:`engine_check_all_reduce` run say about the ring's route
+    (pure): sent to the left, to ``local_rank``'s neighbour, or chunks that do not move with
+    the step. ``""`` when the route is the ring's (or it cannot tell: copies, empty chunks)."""
+    from ..torch_dist.p2p import chunk_bounds
+
+    p, n = len(results), results[0]["n"]
+    dsts = {r["rank"]: [d for d, _ in r.get("routes", [])] for r in results}
+    if all(set(d) == {(k - 1) % p} for k, d in dsts.items() if d) and any(dsts.values()):
+        return (" Every rank sent to its LEFT neighbour (rank - 1) % world_size: send to the "
+                "right, (rank + 1) % world_size, and receive from the left.")
+    local = {r["rank"]: r.get("local_rank", r["rank"]) for r in results}
+    off = [k for k, d in dsts.items() if d and set(d) != {(k + 1) % p}]
+    if off and any(local[k] != k for k in off) and all(
+            set(dsts[k]) <= {(local[k] + 1) % p, (local[k] - 1) % p} for k in off):
+        k = off[0]
+        return (f" Rank {k} (local rank {local[k]} on its host) sent to rank {dsts[k][0]}: the "
+                "ring's neighbours come from local_rank. Use rank, the global rank: right = "
+                "(rank + 1) % world_size; local_rank only numbers the ranks on one host (it "
+                "picks the GPU).")
+    starts = [a for a, b in chunk_bounds(n, p)]
+    if n < p or off:
+        return ""
+    for res in results:
+        r, sent = res["rank"], [at for _, at in res.get("routes", [])]
+        if -1 in sent or len(sent) != 2 * (p - 1) or any(at not in starts for at in sent):
+            continue
+        got, want = [starts.index(at) for at in sent], ring_schedule_chunks(r, p)
+        if got != want:
+            return (f" Rank {r} sent chunks {got} at steps 0..{2 * p - 3}; the ring sends "
+                    f"{want}. The chunk must move with the step: at step s rank r sends chunk "
+                    "(r - s) % p and receives (r - s - 1) % p in reduce-scatter, sends "
+                    "(r + 1 - s) % p and receives (r - s) % p in all-gather.")
+    return ""
+
+
+def ring_on_more_ranks(fn_name: str = "ring_all_reduce", ranks: tuple[int, ...] = (4, 3),
+                       sizes: tuple[int, ...] = (12, 13, 7, 1, 1001), bytes_sizes: tuple[int, ...]
+                       = (), dtype: str = "float32", point_to_point_only: bool = False,
+                       cluster: Any = None, timeout: float = 90.0) -> str | None:
+    """Kernel side. Run the learner's ``%%px`` ring on ranks of its own, ``ranks`` of them in
+    turn (default 4 on two simulated hosts of 2, then 3), for every size in ``sizes`` (and the
+    byte checks for ``bytes_sizes``), through :func:`~course_utils.checks.side_ranks.side_ranks`.
+    Returns the first problem (with :data:`MORE_RANKS_NOTE` and :func:`ring_route_hint`), or
+    ``None``. The course's cluster
+    and process group are not used for the messages. Introduced in ``01_collectives``."""
+    from .side_ranks import side_ranks
+
+    probe = "engine_check_point_to_point_only" if point_to_point_only else \
+        "engine_check_all_reduce"
+    mod = __name__
+    worlds = []
+    for p in ranks:
+        calls = [(mod, probe, [fn_name, n, 20 + k] + ([] if point_to_point_only else [dtype]))
+                 for k, n in enumerate(sizes)]
+        calls += [(mod, "engine_check_all_reduce", [fn_name, n]) for n in bytes_sizes]
+        worlds.append({"hosts": (p // 2, p - p // 2) if p >= 4 else (p,), "calls": calls})
+    done = side_ranks([fn_name], worlds, cluster=cluster, timeout=timeout)
+    if "crash" in done[0]:
+        return ring_crash_problem(fn_name, done[0])
+    for world in done:
+        for k, res in enumerate(world["results"]):
+            failed = [r["side_error"] for r in res if isinstance(r, dict) and "side_error" in r]
+            if failed:
+                return feedback_side(fn_name, len(res), failed)
+            problem = ring_problem(res, fn_name) if k < len(sizes) else \
+                ring_bytes_problem(res, fn_name)
+            if problem is not None:
+                return problem + MORE_RANKS_NOTE + ring_route_hint(res)
+    return None
+
+
+def ring_crash_problem(fn_name: str, crash: dict[str, Any]) -> str:
+    """The message for a side rank that gloo aborted (pure)."""
+    from .feedback import feedback
+
+    return feedback(
+        f"{fn_name} on the check's own ranks", "every chunk received into a buffer of its size",
+        f"gloo aborted side rank {crash['rank']}: {crash['crash']}",
+        "a rank received a different chunk than its neighbour sent at that step: sender and "
+        "receiver must agree at every step." + MORE_RANKS_NOTE + " Send to the right, (rank + "
+        "1) % world_size, and receive from the left; use rank, not local_rank; the chunk must "
+        "move with the step: at step s send (r - s) % p and receive (r - s - 1) % p in "
+        "reduce-scatter, send (r + 1 - s) % p and receive (r - s) % p in all-gather.")
+
+
+def feedback_side(fn_name: str, p: int, failed: list[str]) -> str:
+    """The message for a probe that raised on the check's own ranks."""
+    from .feedback import feedback
+
+    return feedback(f"{fn_name} on the check's own {p} ranks", "no error", failed[0],
+                    "read the error: it is your function's, raised on these ranks."
+                    + MORE_RANKS_NOTE)

@@ -316,17 +316,18 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
     """Run the learner's ring all-reduce on ``ranks`` ranks and record it for the ring replay.
 
     If the current cluster already has ``ranks`` engines, it records there. Otherwise it copies
-    the ``%%px`` function ``fn_name`` from the current cluster's rank 0 (with what it uses; or
-    runs ``source``, a cell's code, instead), starts a separate ``ranks``-engine cluster for the
-    recording only (about 15 s on a laptop; 20-40 s on a busy 2-core machine), records, and
-    stops it. The notebook's own cluster
-    and process group are left as they were. Returns one record per rank for
+    the ``%%px`` function ``fn_name`` from the current cluster's rank 0 (with what it uses) to
+    ``ranks`` processes of their own that rank 0's engine forks
+    (:func:`course_utils.checks.side_ranks.side_ranks`, what the graded tests use; seconds),
+    records there, and stops them. With ``source`` (a cell's code) and no cluster to copy from,
+    it starts a separate ``ranks``-engine cluster for the recording only (20-40 s on a busy
+    2-core machine) and stops it. The notebook's own cluster and process group are left as
+    they were. Returns one record per rank for
     :func:`course_utils.viz.ring.replay_frames`.
     """
     from ..cluster import launch
     from ..settings import cluster_id as default_cluster_id
     from .process_group import start
-    from .px_functions import engine_restore, engine_snapshot_of
 
     try:
         cc = cluster or current()
@@ -334,23 +335,38 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
         cc = None
     if cc is not None and cc.world_size == ranks:
         return cc.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
-    snapshot = None
     if source is None:
         if cc is None:
             raise ValueError("no cluster to copy the ring from: pass source= (the cell's code)")
         # A quick run on the notebook's own ranks first (under the watchdog): an unwritten or
-        # stuck ring says so in a second, before a cluster is started for it.
+        # stuck ring says so in a second, before other ranks are started for it.
         cc.run(engine_record_ring_frames, fn_name, n, timeout=60)
-        snapshot = cc.run_on(0, engine_snapshot_of, fn_name, timeout=30)
+        return _record_on_side_ranks(cc, fn_name, ranks, n, timeout)
     cid = f"{(cc.cluster_id if cc else default_cluster_id())}-ring{ranks}"
     side = launch(ranks, profile="local", timeout=timeout, cluster_id=cid)
     try:
         start(side, backend="gloo")
         side.view.execute(_PREAMBLE, block=False).get(timeout=timeout)
-        if snapshot is not None:
-            side.run(engine_restore, snapshot, timeout=timeout)
-        else:
-            side.view.execute(source, block=False).get(timeout=timeout)
+        side.view.execute(source, block=False).get(timeout=timeout)
         return side.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
     finally:
         side.stop(kill=True)  # nothing on it is worth a polite stop (SIGTERM waits 2 s)
+
+
+def _record_on_side_ranks(cc: CourseCluster, fn_name: str, ranks: int, n: int | None,
+                          timeout: float) -> list[dict[str, Any]]:
+    """:func:`engine_record_ring_frames` on ``ranks`` side ranks forked by ``cc``'s rank 0."""
+    from ..checks.side_ranks import side_ranks
+
+    world = {"hosts": (ranks,), "calls": [(__name__, "engine_record_ring_frames", [fn_name, n])]}
+    done = side_ranks([fn_name], [world], cluster=cc, timeout=timeout)[0]
+    if "crash" in done:
+        raise RuntimeError(f"{fn_name} on {ranks} ranks of their own: gloo aborted side rank "
+                           f"{done['rank']}: {done['crash']}. Run the tests of Exercise 1: "
+                           "they say what to fix.")
+    recs = done["results"][0]
+    failed = [r["side_error"] for r in recs if isinstance(r, dict) and "side_error" in r]
+    if failed:
+        raise RuntimeError(f"{fn_name} on {ranks} ranks of their own: {failed[0]}. Run the "
+                           "tests of Exercise 1: they say what to fix.")
+    return recs

@@ -104,3 +104,84 @@ def ring_trace(records: Sequence[Mapping[str, Any]], title: str = "ring all-redu
     ax.set_title(title, pad=24)
     fig.tight_layout()
     return fig
+
+
+# ---- the ring all-reduce's schedule, before anyone has written a ring (unit 1) -------------
+def ring_schedule(p: int) -> list[dict[str, Any]]:
+    """Every step of a chunked ring all-reduce on ``p`` ranks, as plain data (pure).
+
+    One dict per step: ``phase`` (``"reduce-scatter"`` or ``"all-gather"``), ``step`` (``s``
+    within the phase), ``moves`` (``(src, dst, chunk)`` per rank: rank ``r`` sends to
+    ``(r + 1) % p`` chunk ``(r - s) % p``, then in all-gather ``(r + 1 - s) % p``) and ``held``
+    (after the step, ``held[r][c]`` is the sorted list of ranks whose contributions rank ``r``'s
+    chunk ``c`` sums). The first entry is the start (``phase`` ``"start"``, no moves)."""
+    if p < 2:
+        raise ValueError(f"a ring needs p >= 2 ranks, got {p}")
+    held = [[{r} for _ in range(p)] for r in range(p)]
+    out: list[dict[str, Any]] = [{"phase": "start", "step": 0, "moves": [],
+                                  "held": [[sorted(c) for c in row] for row in held]}]
+    for phase, first in (("reduce-scatter", 0), ("all-gather", 1)):
+        for s in range(p - 1):
+            moves = [(r, (r + 1) % p, (r + first - s) % p) for r in range(p)]
+            sent = [set(held[src][c]) for src, _dst, c in moves]  # all sends happen at once
+            for (_src, dst, c), got in zip(moves, sent, strict=True):
+                held[dst][c] = held[dst][c] | got if phase == "reduce-scatter" else got
+            out.append({"phase": phase, "step": s, "moves": moves,
+                        "held": [[sorted(c) for c in row] for row in held]})
+    return out
+
+
+@styled
+def ring_schedule_picture(p: int = 4) -> Any:
+    """The ring all-reduce's ``2(p-1)`` steps on ``p`` ranks, drawn from :func:`ring_schedule`:
+    one panel per step (the start first), a row per rank and a column per chunk; each cell is
+    labelled with the ranks summed into it ("0+1", "Σ" when all are) and darker the more it
+    holds; the cells that just arrived are outlined (red: added during reduce-scatter, green:
+    copied during all-gather) and named by the chunk's sender. Pure; introduced in
+    ``01_collectives`` before the ring exercise."""
+    plt = pyplot()
+    from matplotlib.patches import Rectangle
+
+    steps = ring_schedule(p)
+    cols = p
+    rows = -(-len(steps) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.9 * cols, 2.6 * rows + 0.6), squeeze=False)
+    cmap = plt.get_cmap("Blues")
+    for k, ax in enumerate(axes.flat):
+        ax.set_axis_off()
+        if k >= len(steps):
+            continue
+        st = steps[k]
+        edge = {src: (dst, c) for src, dst, c in st["moves"]}
+        arrived = {(dst, c): src for src, (dst, c) in edge.items()}
+        colour = ROLE["reduce_scatter"] if st["phase"] == "reduce-scatter" else ROLE["all_gather"]
+        for r in range(p):
+            for c in range(p):
+                who = st["held"][r][c]
+                face = cmap(0.1 + 0.8 * len(who) / p)
+                new = (r, c) in arrived
+                ax.add_patch(Rectangle((c, r), 0.92, 0.86, facecolor=face,
+                                       edgecolor=colour if new else "0.6",
+                                       linewidth=2.6 if new else 0.6))
+                text = "Σ" if len(who) == p else "+".join(map(str, who))
+                if new:
+                    text += f"\n←r{arrived[(r, c)]}"
+                ax.text(c + 0.46, r + 0.43, text, ha="center", va="center", fontsize=8.5,
+                        color="white" if len(who) > p / 2 else "black")
+        ax.set_xlim(-0.9, p)
+        ax.set_ylim(p + 0.1, -0.9)
+        for r in range(p):
+            ax.text(-0.1, r + 0.43, f"r{r}", ha="right", va="center", fontsize=9)
+        for c in range(p):
+            ax.text(c + 0.46, -0.15, f"chunk {c}", ha="center", va="bottom", fontsize=7.5)
+        if st["phase"] == "start":
+            title = "start: rank r holds only its own"
+        else:
+            first = "(r−" if st["phase"] == "reduce-scatter" else "(r+1−"
+            title = (f"{st['phase']} step {st['step']}\n"
+                     f"rank r sends chunk {first}{st['step']}) mod {p}")
+        ax.set_title(title, fontsize=9.5, color="black" if st["phase"] == "start" else colour)
+    fig.suptitle(f"Ring all-reduce on {p} ranks: every rank sends one chunk to the right at "
+                 "every step (red: the receiver adds it; green: it overwrites)", fontsize=11)
+    fig.tight_layout()
+    return fig

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .style import pyplot
+from .style import ROLE, pyplot, styled
 
 _HOST_COLOURS = ("#e8f0fb", "#fbefe3", "#e9f6ea", "#f4e9f7")
 
@@ -171,4 +171,82 @@ def data_parallel_picture(shard_sizes: Sequence[int], batch: int,
                      + (f" (lr {lr:g})" if lr is not None else ""))
     ax.set_title(head, fontsize=11)
     fig.tight_layout()
+    return fig
+
+
+def blocking_ring(p: int, send_first: Sequence[bool] | None = None) -> list[dict[str, Any]]:
+    """Where each rank of a ring shift with *blocking* calls ends up (pure).
+
+    Rank ``r`` calls ``send(right)`` and ``recv(left)`` (right ``(r + 1) % p``), in that order
+    when ``send_first[r]`` (default: every rank sends first), else the other way round. A send
+    completes only when its receiver sits in the matching recv (gloo's rule at any size).
+    Returns per rank ``{"rank", "calls", "stuck_in", "waits_for"}``: ``stuck_in`` is ``"send"``
+    or ``"recv"`` for a rank that can never move on, ``None`` for one that finished."""
+    if p < 2:
+        raise ValueError(f"a ring needs p >= 2 ranks, got {p}")
+    first = [True] * p if send_first is None else [bool(x) for x in send_first]
+    calls = [["send", "recv"] if first[r] else ["recv", "send"] for r in range(p)]
+    at = [0] * p   # index of the call each rank is blocked in (2: done)
+    moved = True
+    while moved:
+        moved = False
+        for r in range(p):
+            right = (r + 1) % p
+            if at[r] < 2 and calls[r][at[r]] == "send" and at[right] < 2 \
+                    and calls[right][at[right]] == "recv":
+                at[r] += 1      # the message is handed over: both calls return
+                at[right] += 1
+                moved = True
+    return [{"rank": r, "calls": calls[r], "stuck_in": calls[r][at[r]] if at[r] < 2 else None,
+             "waits_for": ((r + 1) % p if calls[r][at[r]] == "send" else (r - 1) % p)
+             if at[r] < 2 else None} for r in range(p)]
+
+
+@styled
+def deadlock_picture(p: int = 2, send_first: Sequence[bool] | None = None) -> Any:
+    """The ring shift of :func:`blocking_ring` on ``p`` ranks: each rank's two calls in order,
+    the one it is stuck in highlighted, the one it never reaches greyed out, and an arrow from
+    every stuck rank to the rank it waits for. With every rank sending first the arrows close a
+    cycle: the deadlock. Pure; introduced in ``01_collectives``."""
+    import math
+
+    plt = pyplot()
+    state = blocking_ring(p, send_first)
+    fig, ax = plt.subplots(figsize=(3.2 * p + 1.5, 3.4))
+    ax.set_axis_off()
+    width, gap = 2.6, 0.8
+    xs = [r * (width + gap) for r in range(p)]
+    stuck = ROLE["failed"]
+    for r, st in enumerate(state):
+        x = xs[r]
+        _box(ax, x, 0.0, width, 2.3, "", "#f4f4f4")
+        ax.text(x + width / 2, 2.05, f"rank {r}", ha="center", va="center", fontsize=11,
+                fontweight="bold")
+        right, left = (r + 1) % p, (r - 1) % p
+        reached = True
+        for k, call in enumerate(st["calls"]):
+            y = 1.35 - 0.75 * k
+            code = f"dist.send(x, dst={right})" if call == "send" else \
+                f"dist.recv(y, src={left})"
+            here = st["stuck_in"] == call
+            face = "#f9d5c4" if here else ("white" if reached else "#e6e6e6")
+            note = "  ← waits here" if here else ("" if reached else "  (never reached)")
+            _box(ax, x + 0.1, y - 0.27, width - 0.2, 0.54, code + note, face,
+                 edge=stuck if here else "0.6", size=8, lw=1.8 if here else 0.8)
+            if here:
+                reached = False
+    for st in state:
+        if st["waits_for"] is None:
+            continue
+        a, b = st["rank"], st["waits_for"]
+        y = 2.35 if b > a else -0.05   # rightwards over the boxes, the way back under them
+        ax.annotate("", xy=(xs[b] + width / 2, y), xytext=(xs[a] + width / 2, y), arrowprops={
+            "arrowstyle": "-|>", "color": stuck, "lw": 1.4, "connectionstyle": "arc3,rad=-0.3"})
+    lift = 0.35 * math.ceil(p / 2) + 0.5
+    ax.set_ylim(-0.05 - lift, 2.35 + lift)
+    ax.set_xlim(-0.3, xs[-1] + width + 0.3)
+    done = all(st["stuck_in"] is None for st in state)
+    ax.set_title("every send met its recv: no deadlock" if done else
+                 "deadlock: every rank waits in a call for a rank that waits too "
+                 "(arrows: who waits for whom)", fontsize=11)
     return fig
