@@ -47,7 +47,7 @@ def test_format_sweep_columns():
                                                                "ring": [2e-4, 1e-3]}}, 2)
     lines = table.splitlines()
     assert "dist.all_reduce" in lines[0] and "ring" in lines[0] and len(lines) == 4
-    assert "4096 |" in lines[3].replace("  ", " ").replace("  ", " ") or "4096" in lines[3]
+    assert lines[3].split("|")[0].strip() == "4096", lines[3]
 
 
 def test_ring_source_reads_the_solution_cell_of_unit_1(tmp_path):
@@ -59,7 +59,6 @@ def test_ring_source_reads_the_solution_cell_of_unit_1(tmp_path):
 
 
 def test_sweep_compare_draws_every_series():
-    pytest.importorskip("matplotlib")
     from course_utils import viz
 
     sizes = [4, 64, 1024]
@@ -94,7 +93,6 @@ def test_set_debug_rejects_unknown_levels():
 
 
 def test_tiny_run_resumes_exactly():
-    pytest.importorskip("torch")
     import copy
 
     from course_utils.checks.watchdog_and_save import tiny_run

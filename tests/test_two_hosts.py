@@ -718,6 +718,9 @@ def test_course_doctor_hosts_names_an_interface_that_does_not_exist(rig):
 
 
 def test_figures_summary():
-    """Not a check: prints the figures the run measured (for the report)."""
+    """Prints the figures the run measured (for the report); each measuring test above must
+    have left its figure (file order: this one runs last)."""
     print("\nfigures: " + json.dumps(FIGURES, default=str))
+    missing = {"start_s", "busbw", "restart_s", "notebook_s"} - set(FIGURES)
+    assert not missing, f"tests that measure did not record {sorted(missing)}"
 
