@@ -43,3 +43,64 @@ def test_reference_sgd_takes_the_step_computed_by_hand(world_size, batch, lr):
     # and the step is not a no-op: the hand-computed update is what was applied
     w0 = np.concatenate([w.reshape(-1) for w in start])
     assert np.abs(want - w0).max() > 1e-3
+
+
+def test_a_checkpoint_saved_as_if_on_a_gpu_needs_map_location(tmp_path):
+    import torch
+
+    from course_utils import checks
+
+    path = str(tmp_path / "ckpt.pt")
+    state = {"model": {"w": torch.arange(3.0)}, "epoch": 2}
+    checks.save_as_if_on(state, path, "cuda:7")
+    with pytest.raises(RuntimeError, match="CUDA"):   # torch's own refusal: no such GPU here
+        torch.load(path, weights_only=True)
+    back = torch.load(path, map_location=torch.device("cpu"), weights_only=True)
+    assert torch.equal(back["model"]["w"], torch.arange(3.0)) and back["epoch"] == 2
+    # only that call was tagged: an ordinary save loads anywhere, as before
+    torch.save(state, path)
+    assert torch.equal(torch.load(path, weights_only=True)["model"]["w"], torch.arange(3.0))
+
+
+def _sampler_orders(n, p, epochs, **kw):
+    from torch.utils.data.distributed import DistributedSampler
+
+    out = [{} for _ in range(p)]
+    for r in range(p):
+        for name, drop in (("drop_last=True", True), ("drop_last=False", False)):
+            out[r][name] = {}
+            for e in epochs:
+                s = DistributedSampler(list(range(n)), num_replicas=p, rank=r, shuffle=True,
+                                       seed=0, drop_last=drop, **kw)
+                s.set_epoch(e)
+                out[r][name][str(e)] = list(s)   # epochs as strings: as pulled from engines
+    return out
+
+
+def test_sampler_counts_show_padding_dropping_and_reshuffling():
+    n, p = 11, 2
+    table = viz.sampler_counts(_sampler_orders(n, p, (0, 1, 2)), n)
+    assert sorted(table) == ["drop_last=False", "drop_last=True"]
+    for e in (0, 1, 2):
+        dropped, padded = table["drop_last=True"][e], table["drop_last=False"][e]
+        # drop_last: disjoint equal shards of 5, one item no rank gets
+        assert dropped.max() == 1 and list(dropped.sum(axis=1)) == [5, 5]
+        assert (dropped.sum(axis=0) == 0).sum() == 1
+        # padding: every item drawn, 12 draws for 11 items: exactly one item twice
+        assert (padded.sum(axis=0) >= 1).all() and padded.sum() == 12
+        assert sorted(padded.sum(axis=0))[-1] == 2
+    # set_epoch: rank 0's items differ between epochs 0 and 1
+    assert not np.array_equal(table["drop_last=True"][0][0], table["drop_last=True"][1][0])
+    with pytest.raises(ValueError, match="outside"):
+        viz.sampler_counts([{"v": {0: [11]}}], n)
+
+
+def test_sampler_epochs_draws_one_panel_per_variant_and_epoch():
+    import matplotlib.pyplot as plt
+
+    fig = viz.sampler_epochs(_sampler_orders(11, 3, (0, 1)), 11)
+    assert len(fig.axes) == 4
+    assert [ax.get_title() for ax in fig.axes[:2]] == ["drop_last=True\nepoch 0",
+                                                        "drop_last=True\nepoch 1"]
+    assert fig.axes[0].get_yticklabels()[2].get_text() == "rank 2"
+    plt.close(fig)
