@@ -104,3 +104,34 @@ def test_sampler_epochs_draws_one_panel_per_variant_and_epoch():
                                                         "drop_last=True\nepoch 1"]
     assert fig.axes[0].get_yticklabels()[2].get_text() == "rank 2"
     plt.close(fig)
+
+
+def _dp(rank, p=3, model="mlp", **kw):
+    base = {"rank": rank, "world_size": p, "model": model, "error": None, "step1": "right",
+            "step2": "right", "losses": [1.0, 0.9], "reference_losses": [1.0, 0.9],
+            "loss_types": ["float", "float"]}
+    return {**base, **kw}
+
+
+def test_dp_step_problem_names_a_typed_2_and_a_frozen_parameter():
+    from course_utils import checks
+
+    halved = checks.dp_step_problem([_dp(r, step1="halved") for r in range(3)])
+    assert "3/2 times" in halved and "never by a number you typed" in halved
+    none = ("TypeError: Invalid function argument. Expected parameter `tensor` of type "
+            "torch.Tensor but got <class 'NoneType'> instead.")
+    frozen = checks.dp_step_problem([_dp(r, 2, "frozen_tied", error=none) for r in range(2)])
+    assert "frozen layer" in frozen and "skip a parameter whose .grad is None" in frozen
+    # the same error on the plain model says no more than "read the error"
+    plain = checks.dp_step_problem([_dp(r, 2, error=none) for r in range(2)])
+    assert "skip a parameter" not in plain and "read the error" in plain
+
+
+def test_the_frozen_tied_model_lists_its_tied_weight_once_and_freezes_a_layer():
+    from course_utils.checks.data_parallel import frozen_tied_mlp
+
+    m = frozen_tied_mlp(0)
+    assert m[2].weight is m[4].weight
+    params = list(m.parameters())
+    assert len(params) == 7   # 2 frozen + mid (w, b) + again's bias + last (w, b)
+    assert [q.requires_grad for q in params[:2]] == [False, False]
