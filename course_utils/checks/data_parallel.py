@@ -86,7 +86,8 @@ def engine_check_dp_step(fn_name: str = "data_parallel_step", lr: float = 0.5,
     except Exception as exc:
         from .common import learner_line
 
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0] + f" ({learner_line(exc)})"
+        said = " ".join(str(exc).split())[:300]   # torch's message may wrap onto more lines
+        error = f"{type(exc).__name__}: {said} ({learner_line(exc)})"
     g1, loss1 = grad_at(w0, full[0])
     g1_local, _ = grad_at(w0, mine[0])
     w1_ref = w0 - lr * g1

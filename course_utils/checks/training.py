@@ -70,17 +70,25 @@ def engine_check_sampler(fn_name: str = "make_sampler", n: int = 101,
                          epochs: tuple[int, ...] = (0, 1)) -> dict[str, Any]:
     """Call the ``%%px`` function ``fn_name(dataset, epoch)`` on a dataset of ``n`` items (odd by
     default, so padding shows) for each epoch; report this rank's order per epoch, the
-    sampler's type and its ``drop_last``. Used by exercise 1 of ``03_pytorch_ddp``."""
+    sampler's type, ``drop_last``, ``shuffle`` and ``num_replicas``; ``error`` is the first
+    line of what the function raised (then nothing else is filled in). Used by exercise 1 of
+    ``03_pytorch_ddp``."""
     import __main__
 
     fn = vars(__main__).get(fn_name)
     if fn is None:
         raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
     dataset = list(range(n))
-    samplers = {e: fn(dataset, e) for e in epochs}
+    try:
+        samplers = {e: fn(dataset, e) for e in epochs}
+    except (ValueError, RuntimeError, TypeError) as exc:  # e.g. rank >= a typed num_replicas
+        said = " ".join(str(exc).split())[:300]
+        return {"n": n, "error": f"{type(exc).__name__}: {said}", "orders": {}, "type": None,
+                "drop_last": None, "shuffle": None, "num_replicas": None, "epoch": {}}
     first = samplers[epochs[0]]
     return {
         "n": n,
+        "error": None,
         "orders": {e: [int(i) for i in s] for e, s in samplers.items()},
         "type": type(first).__name__,
         "drop_last": getattr(first, "drop_last", None),
