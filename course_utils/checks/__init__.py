@@ -11,6 +11,7 @@ from .collective_calls import engine_check_collectives
 from .common import learner_line
 from .data_parallel import dp_step_problem, engine_check_dp_step
 from .feedback import feedback
+from .more_ranks import on_more_ranks
 from .performance import (
     alpha_beta_problem,
     engine_check_overlap_dp,
@@ -19,14 +20,21 @@ from .performance import (
 )
 from .ring_allreduce import engine_check_all_reduce, engine_check_point_to_point_only, ring_problem
 from .tf_graph import engine_check_train_graph, engine_tf_one_step, engine_tf_servers
-from .training import engine_check_checkpoint, engine_check_ddp, engine_check_sampler
+from .training import (
+    engine_check_checkpoint,
+    engine_check_ddp,
+    engine_check_load,
+    engine_check_sampler,
+    save_as_if_on,
+)
 from .watchdog_and_save import engine_check_atomic_save, engine_check_watchdog
 
 __all__ = ["alpha_beta_problem", "check_tf_capstone", "dp_step_problem", "engine_check_all_reduce",
            "engine_check_atomic_save", "engine_check_capstone", "engine_check_checkpoint",
            "engine_check_collectives",
-           "engine_check_ddp",
+           "engine_check_ddp", "engine_check_load",
            "engine_check_dp_step", "engine_check_overlap_dp", "engine_check_point_to_point_only",
            "engine_check_resume", "engine_check_sampler", "engine_check_train_graph",
            "engine_check_watchdog", "engine_tf_one_step", "engine_tf_servers", "feedback",
-           "learner_line", "overlap_dp_at", "overlap_dp_problem", "ring_problem"]
+           "learner_line", "on_more_ranks", "overlap_dp_at", "overlap_dp_problem", "ring_problem",
+           "save_as_if_on"]

@@ -6,9 +6,37 @@ from __future__ import annotations
 
 from typing import Any
 
+#: The models :func:`engine_check_dp_step` can try the learner's step on.
+MODELS = ("mlp", "frozen_tied")
+
+
+def frozen_tied_mlp(seed: int) -> Any:
+    """A digits MLP with a frozen first layer (``requires_grad=False``: its ``.grad`` stays
+    ``None``) and two layers sharing one weight tensor (tied: ``model.parameters()`` lists it
+    once, as torch's DDP does). Used by the graded test of ``02_data_parallel_from_scratch``."""
+    import torch
+    from torch import nn
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        first, mid, again = nn.Linear(64, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        last = nn.Linear(16, 10)
+    again.weight = mid.weight
+    first.requires_grad_(False)
+    return nn.Sequential(first, nn.Tanh(), mid, nn.Tanh(), again, nn.Tanh(), last)
+
+
+def _build(model: str, seed: int) -> Any:
+    from ..torch_dist.train import digits_mlp
+
+    if model not in MODELS:
+        raise ValueError(f"model={model!r}: one of {MODELS}")
+    return digits_mlp(seed) if model == "mlp" else frozen_tied_mlp(seed)
+
 
 def engine_check_dp_step(fn_name: str = "data_parallel_step", lr: float = 0.5,
-                         batch: int = 32, data_seed: int = 0) -> dict[str, Any]:
+                         batch: int = 32, data_seed: int = 0, model: str = "mlp"
+                         ) -> dict[str, Any]:
     """*Collective.* Two calls of the learner's ``fn_name(model, opt, xb, yb)`` from identical
     weights on this rank's batches, compared with what one process would do on the
     concatenation of every rank's batches (computed here, without any collective). Used by
@@ -16,8 +44,10 @@ def engine_check_dp_step(fn_name: str = "data_parallel_step", lr: float = 0.5,
 
     Besides "right", the first update is compared with the updates typical mistakes give:
     ``p`` times too large (summed, not averaged), this rank's own gradient (no all_reduce of
-    the gradients before ``step()``) and no change at all; the second update with the one a
-    missing ``opt.zero_grad()`` gives (the previous gradient added again).
+    the gradients before ``step()``), divided by 2 instead of ``world_size`` (seen on 3 or more
+    ranks) and no change at all; the second update with the one a missing ``opt.zero_grad()``
+    gives (the previous gradient added again). ``model`` is ``"mlp"`` or ``"frozen_tied"``
+    (:func:`frozen_tied_mlp`: a frozen layer and a tied weight).
     """
     import torch
     import torch.distributed as dist
@@ -26,7 +56,7 @@ def engine_check_dp_step(fn_name: str = "data_parallel_step", lr: float = 0.5,
     import __main__
 
     from ..data import digits
-    from ..torch_dist.train import digits_mlp, flat_params, full_batches, step_batches
+    from ..torch_dist.train import flat_params, full_batches, step_batches
 
     fn = vars(__main__).get(fn_name)
     if fn is None:
@@ -38,24 +68,26 @@ def engine_check_dp_step(fn_name: str = "data_parallel_step", lr: float = 0.5,
     full = [torch.from_numpy(i) for i in full_batches(len(ds), p, batch, 2, data_seed)]
 
     def grad_at(w: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, float]:
-        m = digits_mlp(0)
+        m = _build(model, 0)
         torch.nn.utils.vector_to_parameters(w.float(), m.parameters())
         loss = F.cross_entropy(m(x[idx]), y[idx])
         loss.backward()
-        return torch.cat([q.grad.reshape(-1).double() for q in m.parameters()]), float(loss)
+        return torch.cat([(torch.zeros_like(q) if q.grad is None else q.grad).reshape(-1).double()
+                          for q in m.parameters()]), float(loss)
 
-    model = digits_mlp(0)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    w0 = flat_params(model)
+    net = _build(model, 0)
+    opt = torch.optim.SGD(net.parameters(), lr=lr)
+    w0 = flat_params(net)
     losses, weights, error = [], [], None
     try:
         for idx in mine:
-            losses.append(fn(model, opt, x[idx], y[idx]))
-            weights.append(flat_params(model))
+            losses.append(fn(net, opt, x[idx], y[idx]))
+            weights.append(flat_params(net))
     except Exception as exc:
         from .common import learner_line
 
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0] + f" ({learner_line(exc)})"
+        said = " ".join(str(exc).split())[:300]   # torch's message may wrap onto more lines
+        error = f"{type(exc).__name__}: {said} ({learner_line(exc)})"
     g1, loss1 = grad_at(w0, full[0])
     g1_local, _ = grad_at(w0, mine[0])
     w1_ref = w0 - lr * g1
@@ -69,12 +101,15 @@ def engine_check_dp_step(fn_name: str = "data_parallel_step", lr: float = 0.5,
         u = weights[0] - w0
         candidates = {"right": -lr * g1, "summed": -lr * p * g1, "local": -lr * g1_local,
                       "unchanged": torch.zeros_like(g1)}
+        if p != 2:
+            candidates["halved"] = -lr * (p / 2) * g1
         step1 = next((k for k, v in candidates.items() if close(u, v)), "other")
     if len(weights) >= 2 and step1 == "right":
         u2 = weights[1] - weights[0]
         step2 = ("right" if close(u2, -lr * g2) else
                  "accumulated" if close(u2, -lr * (g2 + g1)) else "other")
-    return {"rank": rank, "world_size": p, "error": error, "step1": step1, "step2": step2,
+    return {"rank": rank, "world_size": p, "model": model, "error": error, "step1": step1,
+            "step2": step2,
             "losses": losses, "reference_losses": [loss1, loss2],
             "loss_types": [type(v).__name__ for v in losses]}
 
@@ -86,12 +121,19 @@ def dp_step_problem(results: list[dict[str, Any]], fn_name: str = "data_parallel
     from .feedback import feedback
 
     p = len(results)
-    checked = (f"two calls of {fn_name} on {p} ranks from the same weights, against ONE "
+    frozen = results[0].get("model") == "frozen_tied" if results else False
+    on = (" of a model with a frozen layer (requires_grad=False) and a tied weight"
+          if frozen else "")
+    checked = (f"two calls of {fn_name}{on} on {p} ranks from the same weights, against ONE "
                "process taking the same steps on all ranks' batches together")
     for r in results:
         if r["error"]:
-            return feedback(checked, "no error", f"rank {r['rank']} raised {r['error']}",
-                            "read the error and the line above, fix, re-run the %%px cell.")
+            fix = "read the error and the line above, fix, re-run the %%px cell."
+            if frozen and "NoneType" in r["error"]:
+                fix = ("skip a parameter whose .grad is None (a frozen one gets no gradient; "
+                       "torch's DDP leaves it out too): `if prm.grad is None: continue` before "
+                       "its all_reduce.")
+            return feedback(checked, "no error", f"rank {r['rank']} raised {r['error']}", fix)
     r = next((r for r in results if r["step1"] != "right"), None)
     if r is not None:
         found, fix = {
@@ -102,6 +144,10 @@ def dp_step_problem(results: list[dict[str, Any]], fn_name: str = "data_parallel
                       "mistake: all_reduce(loss) after step() exchanges nothing)",
                       "after loss.backward() and before opt.step(), all_reduce every "
                       "parameter's .grad, then divide it by world_size."),
+            "halved": (f"the first update is {p}/2 times the right one: the gradients were "
+                       "divided by 2, not by the world size",
+                       f"divide by world_size (the engine's variable: {p} here), never by a "
+                       "number you typed."),
             "unchanged": ("the weights did not change", "call opt.step() after averaging."),
             "other": ("an update that matches neither one process nor a known mistake",
                       "forward, loss.backward(), all_reduce each p.grad (SUM), divide by "

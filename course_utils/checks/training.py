@@ -70,20 +70,30 @@ def engine_check_sampler(fn_name: str = "make_sampler", n: int = 101,
                          epochs: tuple[int, ...] = (0, 1)) -> dict[str, Any]:
     """Call the ``%%px`` function ``fn_name(dataset, epoch)`` on a dataset of ``n`` items (odd by
     default, so padding shows) for each epoch; report this rank's order per epoch, the
-    sampler's type and its ``drop_last``. Used by exercise 1 of ``03_pytorch_ddp``."""
+    sampler's type, ``drop_last``, ``shuffle`` and ``num_replicas``; ``error`` is the first
+    line of what the function raised (then nothing else is filled in). Used by exercise 1 of
+    ``03_pytorch_ddp``."""
     import __main__
 
     fn = vars(__main__).get(fn_name)
     if fn is None:
         raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
     dataset = list(range(n))
-    samplers = {e: fn(dataset, e) for e in epochs}
+    try:
+        samplers = {e: fn(dataset, e) for e in epochs}
+    except (ValueError, RuntimeError, TypeError) as exc:  # e.g. rank >= a typed num_replicas
+        said = " ".join(str(exc).split())[:300]
+        return {"n": n, "error": f"{type(exc).__name__}: {said}", "orders": {}, "type": None,
+                "drop_last": None, "shuffle": None, "num_replicas": None, "epoch": {}}
     first = samplers[epochs[0]]
     return {
         "n": n,
+        "error": None,
         "orders": {e: [int(i) for i in s] for e, s in samplers.items()},
         "type": type(first).__name__,
         "drop_last": getattr(first, "drop_last", None),
+        "shuffle": getattr(first, "shuffle", None),
+        "num_replicas": getattr(first, "num_replicas", None),
         "epoch": {e: getattr(s, "epoch", None) for e, s in samplers.items()},
     }
 
@@ -119,12 +129,12 @@ def engine_check_ddp(fn_name: str = "wrap_ddp", x_name: str = "X",
     try:
         ddp = ns[fn_name](train.original_cnn(seed=100 + rank))
     except (ValueError, RuntimeError, AssertionError) as exc:
-        error = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
     errors: list[Any] = [None] * world
     dist.all_gather_object(errors, error)
     if any(errors):  # every rank stops here together: no rank waits in a collective alone
         return {"error": error or next(e for e in errors if e), "is_ddp": False,
-                "param_spread": None, "grad_spread": None, "vs_manual": None}
+                "param_spread": None, "grad_spread": None, "vs_manual": None, "moved": None}
     inner = ddp.module if isinstance(ddp, DDP) else ddp
     start_spread = train.replica_spread(inner)
     batch = torch.arange(8 * rank, 8 * rank + 8)
@@ -135,6 +145,105 @@ def engine_check_ddp(fn_name: str = "wrap_ddp", x_name: str = "X",
     expected = train.flat_grads(plain)
     dist.all_reduce(expected)
     expected /= world
+    moved = _moves_to_device(ns, fn_name) if isinstance(ddp, DDP) else None
     return {"error": None, "is_ddp": isinstance(ddp, DDP), "param_spread": start_spread,
             "grad_spread": train.grad_spread(inner),
-            "vs_manual": float((train.flat_grads(inner) - expected).abs().max())}
+            "vs_manual": float((train.flat_grads(inner) - expected).abs().max()), "moved": moved}
+
+
+def _moves_to_device(ns: dict[str, Any], fn_name: str) -> bool:
+    """*Collective* (when the learner's function is). Whether ``fn_name(model)`` moves the model
+    to ``device``, seen on a CPU-only machine too: the call runs with ``device`` set to torch's
+    ``meta`` device (tensors with a shape and no data), so a moved model's parameters are on
+    ``meta`` afterwards (``Module.to`` moves in place) and one never moved is still on the CPU.
+    DDP refuses a meta model before it communicates (its parameter check runs on the meta
+    device and fails on every rank alike), so that error is expected and dropped."""
+    import torch
+
+    from ..torch_dist import train
+
+    saved = ns.get("device")
+    model = train.original_cnn(seed=0)
+    ns["device"] = torch.device("meta")
+    try:
+        ns[fn_name](model)
+    except (RuntimeError, ValueError, NotImplementedError):
+        pass
+    finally:
+        ns["device"] = saved
+    return next(model.parameters()).device.type == "meta"
+
+
+#: While non-empty, the location :func:`save_as_if_on` has CPU storages tagged with.
+_TAG: list[str] = []
+_REGISTERED: list[bool] = []
+
+
+def _tag_elsewhere(storage: Any) -> str | None:
+    return _TAG[0] if _TAG and storage.device.type == "cpu" else None
+
+
+def _leave_to_torch(storage: Any, location: str) -> None:
+    return None  # loading is torch's own: cpu/cuda deserializers decide
+
+
+def save_as_if_on(obj: Any, path: str, location: str) -> None:
+    """``torch.save(obj, path)`` of CPU tensors, the file saying they were on ``location``
+    (e.g. ``"cuda:1"``): what a checkpoint written by a rank on its GPU looks like, made on a
+    machine without one. It uses torch's public ``torch.serialization.register_package`` (a
+    tagger asked first, at priority 9, only while this call saves); loading is left to torch,
+    which puts each tensor back on the saved location unless ``map_location`` says otherwise.
+    Used by exercise 4 of ``03_pytorch_ddp``."""
+    import torch
+
+    if not _REGISTERED:
+        torch.serialization.register_package(9, _tag_elsewhere, _leave_to_torch)
+        _REGISTERED.append(True)
+    _TAG.append(location)
+    try:
+        torch.save(obj, path)
+    finally:
+        _TAG.clear()
+
+
+def engine_check_load(fn_name: str, folder: str, epoch: int = 5) -> dict[str, Any]:
+    """Not collective. Call the ``%%px`` function ``fn_name(path, model, optimizer)`` on a
+    checkpoint that says its tensors were on a GPU this engine does not have
+    (:func:`save_as_if_on` with ``cuda:K``, K the number of GPUs it sees, at least 1), with a
+    fresh model and optimizer on ``device``. Without ``map_location`` torch tries to put the
+    tensors back on that GPU and refuses, on a CPU-only machine too. Returns the error (first
+    line), the returned epoch and whether the weights and the momentum were restored. Used by
+    exercise 4 of ``03_pytorch_ddp``."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from ..torch_dist import train
+    from .common import learner
+
+    fn = learner(fn_name)
+    device = learner("device")
+    src = train.original_cnn(seed=1)
+    src_opt = torch.optim.SGD(src.parameters(), lr=0.05, momentum=0.9)
+    src(torch.ones(2, 3, 32, 32)).square().mean().backward()
+    src_opt.step()  # now the optimizer holds momentum buffers
+    location = f"cuda:{max(torch.cuda.device_count(), 1)}"
+    path = os.path.join(folder, f"exercise4-rank{dist.get_rank()}.pt")
+    save_as_if_on({"model": src.state_dict(), "optimizer": src_opt.state_dict(),
+                   "epoch": epoch}, path, location)
+    model = train.original_cnn(seed=2).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    error, got = None, None
+    try:
+        got = fn(path, model, opt)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
+    finally:
+        os.remove(path)
+    buffers = [opt.state.get(q, {}).get("momentum_buffer") for q in model.parameters()]
+    wanted = [src_opt.state[q]["momentum_buffer"] for q in src.parameters()]
+    return {"error": error, "epoch": got, "location": location,
+            "weights": bool(torch.equal(train.flat_params(model).cpu(), train.flat_params(src))),
+            "momentum": all(b is not None and torch.equal(b.cpu(), w)
+                            for b, w in zip(buffers, wanted, strict=True))}

@@ -27,7 +27,7 @@ from .ring import replay_frames, ring_frame, ring_replay
 from .style import show
 from .tf_pictures import coordinator_queue, ps_cluster, ps_vs_all_reduce
 from .timeline import ddp_timeline, launched_during_backward, overlap_dp_timeline, overlap_fraction
-from .training import per_rank_curves, replica_divergence
+from .training import per_rank_curves, replica_divergence, sampler_counts, sampler_epochs
 
 __all__ = ["LiveFigure", "bandwidth_bars", "cheatsheet", "closure_timeline", "cluster_picture",
            "collectives_cheatsheet", "coordinator_queue", "cost", "cost_model",
@@ -36,5 +36,5 @@ __all__ = ["LiveFigure", "bandwidth_bars", "cheatsheet", "closure_timeline", "cl
            "overlap_fraction", "per_rank_curves", "per_rank_tensors",
            "placement_diagram", "predict", "ps", "ps_cluster", "ps_step_timeline", "ps_traffic",
            "ps_vs_all_reduce", "replay_frames", "replica_divergence", "ring", "ring_frame",
-           "ring_replay", "ring_trace", "show", "staleness", "style", "sweep_compare",
-           "tf_pictures", "timeline", "watch"]
+           "ring_replay", "ring_trace", "sampler_counts", "sampler_epochs", "show", "staleness",
+           "style", "sweep_compare", "tf_pictures", "timeline", "watch"]
