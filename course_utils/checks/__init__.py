@@ -11,17 +11,19 @@ from .collective_calls import engine_check_collectives
 from .common import learner_line
 from .data_parallel import dp_step_problem, engine_check_dp_step
 from .feedback import feedback
+from .own_world import run_on_ranks
 from .performance import engine_check_overlap_dp
 from .ring_allreduce import engine_check_all_reduce, engine_check_point_to_point_only, ring_problem
+from .sharding import engine_check_bounds, engine_check_fsdp, engine_check_zero1
 from .tf_graph import engine_check_train_graph, engine_tf_one_step, engine_tf_servers
 from .training import engine_check_checkpoint, engine_check_ddp, engine_check_sampler
 from .watchdog_and_save import engine_check_atomic_save, engine_check_watchdog
 
 __all__ = ["check_tf_capstone", "dp_step_problem", "engine_check_all_reduce",
-           "engine_check_atomic_save", "engine_check_capstone", "engine_check_checkpoint",
-           "engine_check_collectives",
-           "engine_check_ddp",
-           "engine_check_dp_step", "engine_check_overlap_dp", "engine_check_point_to_point_only",
-           "engine_check_resume", "engine_check_sampler", "engine_check_train_graph",
-           "engine_check_watchdog", "engine_tf_one_step", "engine_tf_servers", "feedback",
-           "learner_line", "ring_problem"]
+           "engine_check_atomic_save", "engine_check_bounds", "engine_check_capstone",
+           "engine_check_checkpoint", "engine_check_collectives", "engine_check_ddp",
+           "engine_check_dp_step", "engine_check_fsdp", "engine_check_overlap_dp",
+           "engine_check_point_to_point_only", "engine_check_resume", "engine_check_sampler",
+           "engine_check_train_graph", "engine_check_watchdog", "engine_check_zero1",
+           "engine_tf_one_step", "engine_tf_servers", "feedback", "learner_line",
+           "ring_problem", "run_on_ranks"]
