@@ -86,10 +86,10 @@ def traffic_table(rows: list[dict[str, Any]]) -> str:
     """Rank 0's row per variant: bytes per step (and vs fp32), step time, accuracy, loss."""
     base = next(r for r in rows if r["variant"] == VARIANTS[0])
     lines = [f"{'variant':<22}{'B sent/step':>12}{'vs fp32':>9}{'step ms':>9}{'accuracy':>10}"
-             f"{'loss':>8}"]
+             f"{'loss':>9}"]
     for r in rows:
         how = "" if r["counted"] else " (formula)"
         lines.append(f"{r['variant']:<22}{r['sent_per_step']:>12,.0f}"
                      f"{r['sent_per_step'] / base['sent_per_step']:>8.2f}x"
-                     f"{r['step_s'] * 1e3:>9.1f}{r['accuracy']:>10.3f}{r['test_loss']:>8.3f}{how}")
+                     f"{r['step_s'] * 1e3:>9.1f}{r['accuracy']:>10.3f}{r['test_loss']:>9.4f}{how}")
     return "\n".join(lines)

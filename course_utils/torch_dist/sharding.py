@@ -256,6 +256,12 @@ RING_SENT = {
 }
 
 
+#: the keyword names of the tensors of those collectives, output before input (torch's FSDP2
+#: passes ``output=``/``input=`` to ``reduce_scatter_single``)
+TENSOR_ARGS = ("tensor", "output", "output_tensor", "output_tensor_list", "tensor_list", "input",
+               "input_tensor", "input_list", "input_tensor_list")
+
+
 def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
@@ -291,13 +297,14 @@ class CollectiveCounter:
 
     def _wrap(self, name: str, real: Any, cost: Any, p: int) -> Any:
         def spy(*args: Any, **kwargs: Any) -> Any:
+            vals = list(args) + [kwargs[k] for k in TENSOR_ARGS if k in kwargs]
             self.calls[name] = self.calls.get(name, 0) + 1
-            self.sent += cost(args[0], args[1] if len(args) > 1 else None, p)
+            self.sent += cost(vals[0], vals[1] if len(vals) > 1 else None, p)
             if name in ("all_gather_into_tensor", "all_gather_single"):
-                n = _nbytes(args[0])
+                n = _nbytes(vals[0])
                 self.live += n
                 self.peak_live = max(self.peak_live, self.live)
-                weakref.finalize(args[0], self._freed, n)
+                weakref.finalize(vals[0], self._freed, n)
             return real(*args, **kwargs)
         return spy
 
