@@ -23,9 +23,10 @@ def memory_bars(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | N
     plt = pyplot()
     labels = labels or {}
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(strategies) + 2), 3.6))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.8 * len(strategies) + 2), 4.0))
     x, ticks, names = 0.0, [], []
     for s in strategies:
+        first = x
         for r in sorted((r for r in rows if r["strategy"] == s), key=lambda r: r["rank"]):
             bottom = 0.0
             for key, name, color in PARTS:
@@ -34,8 +35,10 @@ def memory_bars(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | N
                        label=name if not ticks else None)
                 bottom += kib
             ticks.append(x)
-            names.append(f"{labels.get(s, s)}\nrank {r['rank']}")
+            names.append(f"rank {r['rank']}")
             x += 1
+        ax.text((first + x - 1) / 2, -0.13, labels.get(s, s).replace(" (", "\n("),
+                transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=8)
         x += 0.6
     ax.set_xticks(ticks, names, fontsize=8)
     ax.set_ylabel("KiB on this rank")
