@@ -12,6 +12,7 @@ from .common import learner_line
 from .data_parallel import dp_step_problem, engine_check_dp_step
 from .feedback import feedback
 from .more_ranks import on_more_ranks
+from .own_world import run_on_ranks
 from .performance import (
     alpha_beta_problem,
     engine_check_overlap_dp,
@@ -19,6 +20,7 @@ from .performance import (
     overlap_dp_problem,
 )
 from .ring_allreduce import engine_check_all_reduce, engine_check_point_to_point_only, ring_problem
+from .sharding import engine_check_bounds, engine_check_fsdp, engine_check_zero1
 from .tf_graph import engine_check_train_graph, engine_tf_one_step, engine_tf_servers
 from .training import (
     engine_check_checkpoint,
@@ -29,12 +31,12 @@ from .training import (
 )
 from .watchdog_and_save import engine_check_atomic_save, engine_check_watchdog
 
-__all__ = ["alpha_beta_problem", "check_tf_capstone", "dp_step_problem", "engine_check_all_reduce",
-           "engine_check_atomic_save", "engine_check_capstone", "engine_check_checkpoint",
-           "engine_check_collectives",
-           "engine_check_ddp", "engine_check_load",
-           "engine_check_dp_step", "engine_check_overlap_dp", "engine_check_point_to_point_only",
-           "engine_check_resume", "engine_check_sampler", "engine_check_train_graph",
-           "engine_check_watchdog", "engine_tf_one_step", "engine_tf_servers", "feedback",
+__all__ = ["alpha_beta_problem", "check_tf_capstone", "dp_step_problem",
+           "engine_check_all_reduce", "engine_check_atomic_save", "engine_check_bounds",
+           "engine_check_capstone", "engine_check_checkpoint", "engine_check_collectives",
+           "engine_check_ddp", "engine_check_dp_step", "engine_check_fsdp", "engine_check_load",
+           "engine_check_overlap_dp", "engine_check_point_to_point_only", "engine_check_resume",
+           "engine_check_sampler", "engine_check_train_graph", "engine_check_watchdog",
+           "engine_check_zero1", "engine_tf_one_step", "engine_tf_servers", "feedback",
            "learner_line", "on_more_ranks", "overlap_dp_at", "overlap_dp_problem", "ring_problem",
-           "save_as_if_on"]
+           "run_on_ranks", "save_as_if_on"]

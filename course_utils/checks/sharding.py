@@ -1,0 +1,188 @@
+"""Engine-side probes behind the graded tests of ``10_sharding_and_memory``: the learner's
+ZeRO-1 optimizer (``ShardedAdam``) and hand-made FSDP (``HandFSDP``) against DDP + Adam on the
+same data, with the collectives spied on (calls, bytes, how long gathered weights live).
+
+The same probes run on a second, short-lived world of its own gloo processes
+(:func:`run_on_ranks`, e.g. 4 ranks while the notebook's cluster has 2): the learner's cells are
+copied there from this kernel's input history.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from ..torch_dist import sharding
+from .common import learner, learner_line
+
+#: what a learner's error usually means here, by exception type
+HINTS = {"AttributeError": "a parameter with requires_grad=False has no .grad (None): keep only "
+                           "trainable parameters",
+         "ValueError": "check the sizes: every rank's piece must have the same number of "
+                       "elements (pad the shard to chunk)"}
+
+
+def zero1_model(seed: int = 0) -> Any:
+    """The probe's model: 1,797 trainable parameters (odd: uneven shards on 2 and 4 ranks), a
+    frozen bias and a weight tied between two layers."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(17, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(),
+                      nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 5))
+    m[4].weight = m[2].weight
+    m[0].bias.requires_grad_(False)
+    return m
+
+
+def engine_check_zero1(cls_name: str = "ShardedAdam", steps: int = 4,
+                       lr: float = 1e-2) -> dict[str, Any]:
+    """*Collective.* The learner's ``cls_name(params, lr=...)`` under DDP against DDP + torch
+    Adam on the same data: max |w - w_ref|, the frozen bias untouched, the tied weight still one
+    tensor, the bytes the optimizer holds, and step times beside ``ZeroRedundancyOptimizer``.
+
+    ``params`` is passed as the parameters of each layer in turn, so the tied weight appears
+    twice (as when two modules' ``parameters()`` are concatenated)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cls = learner(cls_name)
+    data = sharding.batches(steps + 3, n_in=17, n_out=5, seed=1)
+    out: dict[str, Any] = {"rank": dist.get_rank(), "p": dist.get_world_size()}
+    ref = zero1_model()
+    ref_ddp, ref_opt = DDP(ref), torch.optim.Adam(ref.parameters(), lr=lr)
+    model = zero1_model()
+    ddp = DDP(model)
+    frozen = model[0].bias.detach().clone()
+    try:
+        opt = cls([q for layer in model for q in layer.parameters()], lr=lr)
+        for x, y in data[:steps]:
+            for d, o in ((ref_ddp, ref_opt), (ddp, opt)):
+                o.zero_grad()
+                F.mse_loss(d(x), y).backward()
+                o.step()
+    except Exception as e:  # reported in the test's message, with the learner's line
+        return {**out, "error": f"{type(e).__name__}: {e}", "line": learner_line(e),
+                "hint": HINTS.get(type(e).__name__, "read the line named")}
+    n = sum(q.numel() for q in ref.parameters() if q.requires_grad)
+    diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(),
+                                                           ref.parameters(), strict=True))
+    zero = ZeroRedundancyOptimizer(ref.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
+    out.update(max_weight_diff=diff, n_params=n, adam_state_bytes=sharding.ADAM_B * n,
+               held_bytes=sharding.held_bytes(opt, model),
+               frozen_changed=float((model[0].bias - frozen).abs().max()),
+               tied=model[4].weight is model[2].weight,
+               step_s={"yours": _median_step(ddp, opt, data[steps:]),
+                       "ZeroRedundancyOptimizer": _median_step(ref_ddp, zero, data[steps:])})
+    return out
+
+
+def _median_step(module: Any, opt: Any, data: list[tuple[Any, Any]]) -> float:
+    """The median seconds of a training step (barrier first) over ``data``."""
+    import statistics
+
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    times = []
+    for x, y in data:
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.mse_loss(module(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def engine_check_fsdp(cls_name: str = "HandFSDP", steps: int = 3, lr: float = 1e-2,
+                      width: int = 64, depth: int = 6,
+                      compute_dtype: str | None = None) -> dict[str, Any]:
+    """*Collective.* The learner's ``cls_name(model)`` (``compute_dtype="bfloat16"``: its
+    ``compute_dtype=`` argument) trained with Adam over its ``parameters()`` next to DDP + Adam:
+    the largest difference of the full weights (gathered from its ``shards``), of the outputs,
+    the gathers/reduce-scatters per step, the ring bytes sent per step against
+    :func:`sharding.fsdp_sent_bytes`, and the peak bytes of gathered weights alive at once."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cls = learner(cls_name)
+    p, rank = dist.get_world_size(), dist.get_rank()
+    data = sharding.batches(steps + 3, n_out=3, seed=2)
+    ref = sharding.mlp(width, depth, n_out=3)
+    numels = [sum(q.numel() for q in m.parameters()) for m in ref if list(m.parameters())]
+    ref_ddp, ref_opt = DDP(ref), torch.optim.Adam(ref.parameters(), lr=lr)
+    out: dict[str, Any] = {"rank": rank, "p": p, "layer_numels": numels,
+                           "model_bytes": 4 * sum(numels), "layer_bytes": 4 * max(numels)}
+    try:
+        kw = {"compute_dtype": getattr(torch, compute_dtype)} if compute_dtype else {}
+        ours = cls(sharding.mlp(width, depth, n_out=3), **kw)
+        opt = torch.optim.Adam(ours.parameters(), lr=lr)
+        per_step = []
+        with sharding.CollectiveCounter() as spy:
+            for x, y in data[:steps]:
+                ref_opt.zero_grad()
+                F.mse_loss(ref_ddp(x), y).backward()
+                ref_opt.step()
+                spy.reset()
+                opt.zero_grad()
+                F.mse_loss(ours(x), y).backward()
+                opt.step()
+                per_step.append({"calls": dict(spy.calls), "sent": spy.sent,
+                                 "peak_live": spy.peak_live})
+        probe = sharding.batches(1, batch=64, seed=3)[0][0]
+        with torch.no_grad():
+            out_diff = float((ours(probe).float() - ref(probe)).abs().max())
+    except Exception as e:
+        return {**out, "error": f"{type(e).__name__}: {e}", "line": learner_line(e),
+                "hint": HINTS.get(type(e).__name__, "read the line named")}
+    out.update(steps=per_step, output_diff=out_diff,
+               weight_diff=_gathered_diff(ours, ref, numels, p),
+               params_bytes=sharding.tensor_bytes(ours.parameters()),
+               step_s={"yours": _median_step(ours, opt, data[steps:]),
+                       "DDP": _median_step(ref_ddp, ref_opt, data[steps:])})
+    return out
+
+
+def _gathered_diff(ours: Any, ref: Any, numels: list[int], p: int) -> float | None:
+    """max |w - w_ref| over the full weights gathered from ``ours.shards`` (None: no shards of
+    the expected sizes, the layout the lesson asks for)."""
+    import torch
+    import torch.distributed as dist
+
+    shards = list(getattr(ours, "shards", []))
+    if len(shards) != len(numels):
+        return None
+    layers = [m for m in ref if list(m.parameters())]
+    worst = 0.0
+    for shard, numel, layer in zip(shards, numels, layers, strict=True):
+        chunk = math.ceil(numel / p)
+        if shard.numel() != chunk:
+            return None
+        full = torch.empty(chunk * p, dtype=shard.dtype)
+        dist.all_gather_into_tensor(full, shard.detach().contiguous())
+        want = torch.cat([q.detach().reshape(-1) for q in layer.parameters()])
+        worst = max(worst, float((full[:numel].float() - want).abs().max()))
+    return worst
+
+
+def engine_check_bounds(fn_name: str = "shard_bounds") -> dict[str, Any]:
+    """The learner's ``fn_name(numel, rank, world_size)`` on sizes that do and do not divide:
+    contiguous, in rank order, covering ``[0, numel)`` exactly, at most ``ceil(numel/p)`` each."""
+    fn = learner(fn_name)
+    bad = []
+    for numel, p in ((10, 4), (8, 4), (2, 4), (1797, 2), (0, 3), (7, 1)):
+        got = [tuple(fn(numel, r, p)) for r in range(p)]
+        ends = [0] + [b for _, b in got]
+        ok = all(a == ends[i] for i, (a, _) in enumerate(got)) and ends[-1] == numel and all(
+            0 <= b - a <= math.ceil(numel / p) for a, b in got)
+        if not ok:
+            bad.append(f"numel={numel}, p={p}: {got}")
+    return {"ok": not bad, "bad": bad, "example": [tuple(fn(10, r, 4)) for r in range(4)]}

@@ -1,0 +1,400 @@
+"""Where a rank's training memory goes, and sharding it (unit ``10_sharding_and_memory``).
+
+Bytes are counted from the real tensors a rank holds (a DTensor counts its local shard), so the
+numbers are what this rank keeps, not what the model has. The ``engine_*`` functions run on every
+rank (``cluster.run``) and import torch there; the formulas are plain arithmetic for the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+#: bytes per parameter, fp32: the weight, its gradient, Adam's two moments (exp_avg, exp_avg_sq)
+PARAM_B, GRAD_B, ADAM_B = 4, 4, 8
+
+
+def padded_chunk(numel: int, world_size: int) -> int:
+    """Elements per rank when ``numel`` is cut into ``world_size`` equal, padded pieces."""
+    return math.ceil(numel / world_size)
+
+
+def formula_bytes(n_params: int, p: int) -> dict[str, dict[str, float]]:
+    """Bytes per rank (fp32 weights, Adam) for each strategy: params, grads, optimizer state.
+
+    DDP keeps everything on every rank; ZeRO-1 shards the optimizer state; FSDP (ZeRO-3)
+    shards all three (plus, while a layer runs, that one layer's full weights: not counted).
+    """
+    n = n_params
+    return {"DDP": {"params": PARAM_B * n, "grads": GRAD_B * n, "optimizer": ADAM_B * n},
+            "ZeRO-1": {"params": PARAM_B * n, "grads": GRAD_B * n, "optimizer": ADAM_B * n / p},
+            "FSDP": {"params": PARAM_B * n / p, "grads": GRAD_B * n / p,
+                     "optimizer": ADAM_B * n / p}}
+
+
+def fsdp_sent_bytes(layer_numels: Iterable[int], p: int, elem_bytes: int = 4) -> float:
+    """Bytes one rank sends per FSDP step over a ring: per layer an all_gather in forward, one in
+    backward, and a reduce_scatter of the gradient, each ``(p-1)/p`` of the padded layer."""
+    return sum(3 * (p - 1) / p * padded_chunk(n, p) * p * elem_bytes for n in layer_numels)
+
+
+def ddp_sent_bytes(n_params: int, p: int, elem_bytes: int = 4) -> float:
+    """Bytes one rank sends per DDP step over a ring all-reduce: ``2(p-1)/p`` of the gradients."""
+    return 2 * (p - 1) / p * n_params * elem_bytes
+
+
+def local(t: Any) -> Any:
+    """The part of ``t`` this rank stores: a DTensor's local shard, else ``t`` itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def tensor_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes this rank stores for ``tensors`` (each storage once; None skipped)."""
+    seen: set[int] = set()
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        t = local(t)
+        key = t.untyped_storage().data_ptr()
+        if key in seen and key != 0:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def optimizer_state_bytes(opt: Any) -> int:
+    """Bytes of every tensor in a torch optimizer's state (Adam: exp_avg, exp_avg_sq, step).
+    ``ZeroRedundancyOptimizer`` keeps its state in ``opt.optim``, the optimizer of its shard."""
+    inner = getattr(opt, "optim", opt)
+    return tensor_bytes(v for s in inner.state.values() for v in s.values()
+                        if hasattr(v, "numel"))
+
+
+def memory_of(model: Any, opt_bytes: int) -> dict[str, int]:
+    """This rank's bytes of parameters and gradients of ``model``, and ``opt_bytes``."""
+    params = list(model.parameters())
+    return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
+            "optimizer": opt_bytes}
+
+
+def mlp(width: int = 64, depth: int = 4, seed: int = 0, n_in: int = 16, n_out: int = 4) -> Any:
+    """A small ``nn.Sequential`` of Linear + Tanh layers (the unit's model), seeded."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    dims = [n_in] + [width] * (depth - 1) + [n_out]
+    layers: list[Any] = []
+    for a, b in zip(dims[:-1], dims[1:], strict=True):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
+
+
+def batches(steps: int, batch: int = 16, n_in: int = 16, n_out: int = 4,
+            seed: int = 0) -> list[tuple[Any, Any]]:
+    """``steps`` (x, y) regression batches for this rank (``seed`` plus the rank: its own data)."""
+    import torch
+    import torch.distributed as dist
+
+    gen = torch.Generator().manual_seed(seed * 1000 + dist.get_rank())
+    return [(torch.randn(batch, n_in, generator=gen), torch.randn(batch, n_out, generator=gen))
+            for _ in range(steps)]
+
+
+def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2,
+                  lr: float = 1e-2, cls_name: str | None = None) -> dict[str, Any]:
+    """*Collective.* Train ``steps`` Adam steps with ``strategy`` and count this rank's bytes.
+
+    ``"ddp"``; ``"zero1"`` (the learner's class ``cls_name``, default ``ShardedAdam``, under DDP);
+    ``"zero_torch"`` (``ZeroRedundancyOptimizer`` under DDP); ``"fsdp_hand"`` (the learner's
+    ``cls_name``, default ``HandFSDP``); ``"fsdp2"`` (``fully_shard`` per Linear and the root).
+    With a GPU (NCCL) the model lives there and ``torch.cuda.max_memory_allocated`` is returned.
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if (
+        dist.get_backend() == "nccl") else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    model, opt, step_model = build(strategy, mlp(width, depth).to(dev), lr, cls_name)
+    n_params = sum(p.numel() for p in mlp(width, depth).parameters())
+    times = []
+    for x, y in batches(steps + 1):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        F.mse_loss(step_model(x.to(dev)), y.to(dev)).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    held = memory_of(model, opt_state(opt, model))
+    out: dict[str, Any] = {"rank": dist.get_rank(), "strategy": strategy, "n_params": n_params,
+                           **held, "step_s": sorted(times[1:])[len(times[1:]) // 2]}
+    if dev.type == "cuda":
+        out["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(dev))
+    return out
+
+
+def opt_state(opt: Any, model: Any | None = None) -> int:
+    """Optimizer-state bytes: a torch optimizer's state, or, for a learner's object, every tensor
+    it holds (:func:`held_bytes`) apart from the model's own parameters and gradients."""
+    if hasattr(opt, "optim") or hasattr(opt, "param_groups"):
+        return optimizer_state_bytes(opt)
+    return held_bytes(opt, model)
+
+
+def held_bytes(obj: Any, model: Any | None = None, depth: int = 4) -> int:
+    """Bytes of every tensor reachable from ``obj``'s attributes (lists, dicts, torch optimizers'
+    state and parameters, objects defined in a notebook), each storage once, leaving out the
+    storages of ``model``'s parameters and gradients (those are counted apart)."""
+    skip: set[int] = set()
+    if model is not None:
+        for p in model.parameters():
+            skip.add(local(p).untyped_storage().data_ptr())
+            if p.grad is not None:
+                skip.add(local(p.grad).untyped_storage().data_ptr())
+    found: dict[int, int] = {}
+    _walk(obj, depth, found, skip, set())
+    return sum(found.values())
+
+
+def _walk(obj: Any, depth: int, found: dict[int, int], skip: set[int], seen: set[int]) -> None:
+    if depth < 0 or id(obj) in seen:
+        return
+    seen.add(id(obj))
+    if hasattr(obj, "untyped_storage") and hasattr(obj, "numel"):
+        t = local(obj)
+        key = t.untyped_storage().data_ptr()
+        if key not in skip and t.numel():
+            found[key] = max(found.get(key, 0), t.untyped_storage().nbytes())
+        if getattr(obj, "grad", None) is not None:
+            _walk(obj.grad, depth - 1, found, skip, seen)
+        return
+    if hasattr(obj, "param_groups") and hasattr(obj, "state"):   # a torch optimizer
+        _walk(list(obj.state.values()), depth, found, skip, seen)
+        _walk([g["params"] for g in obj.param_groups], depth, found, skip, seen)
+        return
+    if isinstance(obj, dict):
+        items: Iterable[Any] = obj.values()
+    elif isinstance(obj, list | tuple | set):
+        items = obj
+    elif getattr(type(obj), "__module__", "") == "__main__" or hasattr(obj, "_parameters"):
+        items = vars(obj).values()
+    else:
+        return
+    for v in items:
+        _walk(v, depth - 1, found, skip, seen)
+
+
+def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[Any, Any, Any]:
+    """(model whose tensors are counted, optimizer, module to call) for ``strategy``."""
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import __main__
+
+    if strategy == "ddp":
+        ddp = DDP(model)
+        return model, torch.optim.Adam(model.parameters(), lr=lr), ddp
+    if strategy == "zero1":
+        ddp = DDP(model)
+        cls = vars(__main__)[cls_name or "ShardedAdam"]
+        return model, cls(model.parameters(), lr=lr), ddp
+    if strategy == "zero_torch":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        ddp = DDP(model)
+        zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam,
+                                       lr=lr)
+        return model, zero, ddp
+    if strategy == "fsdp_hand":
+        cls = vars(__main__)[cls_name or "HandFSDP"]
+        sharded = cls(model)
+        return sharded, torch.optim.Adam(sharded.parameters(), lr=lr), sharded
+    if strategy == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer)
+        fully_shard(model)
+        return model, torch.optim.Adam(model.parameters(), lr=lr), model
+    raise ValueError(f"unknown strategy {strategy!r}: use ddp, zero1, zero_torch, fsdp_hand, "
+                     "fsdp2")
+
+
+def memory_table(rows: list[dict[str, Any]], p: int) -> str:
+    """A text table of measured bytes per rank (rank 0's row per strategy) beside the formula."""
+    names = {"ddp": "DDP", "zero1": "ZeRO-1", "zero_torch": "ZeRO-1", "fsdp_hand": "FSDP",
+             "fsdp2": "FSDP"}
+    lines = [f"{'strategy':<28}{'params':>10}{'grads':>10}{'optimizer':>11}{'total':>10}"
+             f"   formula (params/grads/optimizer)"]
+    for r in rows:
+        f = formula_bytes(r["n_params"], p)[names[r["strategy"]]]
+        total = r["params"] + r["grads"] + r["optimizer"]
+        lines.append(f"{LABELS.get(r['strategy'], r['strategy']):<28}{r['params']:>10,}"
+                     f"{r['grads']:>10,}{r['optimizer']:>11,}{total:>10,}   "
+                     f"{f['params']:,.0f}/{f['grads']:,.0f}/{f['optimizer']:,.0f}")
+    return "\n".join(lines)
+
+
+#: the collectives a probe counts: name -> bytes one rank sends over a ring, from the call
+RING_SENT = {
+    "all_gather_into_tensor": lambda out, inp, p: (p - 1) / p * _nbytes(out),
+    "reduce_scatter_tensor": lambda out, inp, p: (p - 1) / p * _nbytes(inp),
+    "all_reduce": lambda t, *_a: 2 * (_a[-1] - 1) / _a[-1] * _nbytes(t),
+    "all_gather": lambda outs, inp, p: (p - 1) * _nbytes(inp),
+    "reduce_scatter": lambda out, inps, p: (p - 1) * _nbytes(out),
+    "broadcast": lambda t, *_a: _nbytes(t),
+    "all_gather_single": lambda out, inp, p: (p - 1) / p * _nbytes(out),
+    "reduce_scatter_single": lambda out, inp, p: (p - 1) / p * _nbytes(inp),
+}
+
+
+#: the keyword names of the tensors of those collectives, output before input (torch's FSDP2
+#: passes ``output=``/``input=`` to ``reduce_scatter_single``)
+TENSOR_ARGS = ("tensor", "output", "output_tensor", "output_tensor_list", "tensor_list", "input",
+               "input_tensor", "input_list", "input_tensor_list")
+
+
+def _nbytes(t: Any) -> int:
+    return t.numel() * t.element_size()
+
+
+class CollectiveCounter:
+    """Counts calls and ring bytes of the collectives in :data:`RING_SENT` while active, and
+    tracks how many bytes of ``all_gather_into_tensor`` outputs are alive at once (a weakref
+    finalizer per output: it runs when the tensor, its views and autograd's saved copies are
+    all gone)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.sent = 0.0
+        self.live = 0
+        self.peak_live = 0
+        self._real: dict[str, Any] = {}
+
+    def __enter__(self) -> CollectiveCounter:
+        import torch.distributed as dist
+
+        p = dist.get_world_size()
+        for name, cost in RING_SENT.items():
+            real = getattr(dist, name)
+            self._real[name] = real
+            setattr(dist, name, self._wrap(name, real, cost, p))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import torch.distributed as dist
+
+        for name, real in self._real.items():
+            setattr(dist, name, real)
+
+    def _wrap(self, name: str, real: Any, cost: Any, p: int) -> Any:
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            vals = list(args) + [kwargs[k] for k in TENSOR_ARGS if k in kwargs]
+            self.calls[name] = self.calls.get(name, 0) + 1
+            self.sent += cost(vals[0], vals[1] if len(vals) > 1 else None, p)
+            if name in ("all_gather_into_tensor", "all_gather_single"):
+                n = _nbytes(vals[0])
+                self.live += n
+                self.peak_live = max(self.peak_live, self.live)
+                weakref.finalize(vals[0], self._freed, n)
+            return real(*args, **kwargs)
+        return spy
+
+    def _freed(self, n: int) -> None:
+        self.live -= n
+
+    def reset(self) -> None:
+        self.calls, self.sent, self.peak_live = {}, 0.0, self.live
+
+
+#: How the tables and figures name each strategy.
+LABELS = {"ddp": "DDP + Adam", "zero1": "ZeRO-1 (your ShardedAdam)",
+          "zero_torch": "ZeroRedundancyOptimizer", "fsdp_hand": "FSDP (your HandFSDP)",
+          "fsdp2": "FSDP2 fully_shard"}
+
+
+def fsdp2_model(width: int = 64, depth: int = 4, seed: int = 0,
+                reshard_after_forward: bool = True) -> Any:
+    """:func:`mlp` with FSDP2's ``fully_shard`` on every Linear, then on the root (torch's docs
+    of ``fully_shard``: call it bottom-up; one all_gather per call's group of parameters)."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    model = mlp(width, depth, seed)
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def engine_fsdp2_traffic(reshard_after_forward: bool, steps: int = 2) -> dict[str, Any]:
+    """*Collective.* FSDP2 steps with the collectives counted (:class:`CollectiveCounter`):
+    all_gathers and reduce_scatters per step and the ring bytes sent, for one setting of
+    ``reshard_after_forward``."""
+    import torch
+    import torch.nn.functional as F
+
+    model = fsdp2_model(reshard_after_forward=reshard_after_forward)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with CollectiveCounter() as spy:
+        for x, y in batches(steps):
+            spy.reset()
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+    return {"reshard_after_forward": reshard_after_forward, "calls": dict(spy.calls),
+            "sent": spy.sent}
+
+
+def engine_dcp_save(path: str, steps: int = 2) -> list[float]:
+    """*Collective.* Train an FSDP2 model a few steps and save it with
+    ``torch.distributed.checkpoint.save`` (every rank writes its own shards to ``path``).
+    Returns the full weights as one flat list (each rank gathers them: ``full_tensor()``)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    import torch.nn.functional as F
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model = fsdp2_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for x, y in batches(steps):
+        opt.zero_grad()
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=path)
+    return full_weights(model)
+
+
+def engine_dcp_load(path: str) -> dict[str, Any]:
+    """*Collective.* A fresh FSDP2 model (other initial weights) on this world, loaded from the
+    DCP checkpoint at ``path`` (``dcp.load`` into this world's shards, then
+    ``set_model_state_dict``): its full weights, and this rank's shard of the first weight."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    model = fsdp2_model(seed=123)
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=path)
+    set_model_state_dict(model, state["model"])
+    first = next(iter(model.parameters()))
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "local_shape": list(local(first).shape), "full_shape": list(first.shape),
+            "weights": full_weights(model)}
+
+
+def full_weights(model: Any) -> list[float]:
+    """Every parameter's full value (a DTensor's ``full_tensor()``), flattened, as floats."""
+    import torch
+
+    full = [q.full_tensor() if hasattr(q, "full_tensor") else q for q in model.parameters()]
+    return torch.cat([t.detach().reshape(-1) for t in full]).tolist()
