@@ -3,6 +3,7 @@ cells stay on one worker, since nbval runs them in order in one kernel."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -29,3 +30,35 @@ def test_a_notebooks_cells_run_on_one_worker(tmp_path):
         workers.setdefault(nodeid.split("::")[0].removesuffix(".ipynb"), set()).add(worker)
     assert set(workers) == {"cells", "test_a.py", "test_b.py"}, out.stdout[-3000:]
     assert all(len(w) == 1 for w in workers.values()), workers
+
+
+def _checks_something(fn: ast.AST, helpers: set[str]) -> bool:
+    """An ``assert``, a ``pytest.raises``/``fail``/``warns`` or a call of a helper that does."""
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assert):
+            return True
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(
+                node.func, "id", "")
+            if name in {"raises", "fail", "warns", "deprecated_call"} | helpers:
+                return True
+    return False
+
+
+def test_every_test_has_a_check_that_can_fail():
+    """A test that asserts nothing passes whatever the code does: every ``test_*`` function
+    asserts, expects an exception, or calls a helper of the suite that does."""
+    here = Path(__file__).parent
+    files = [*sorted(here.glob("test_*.py")), *sorted(here.glob("rigs/*.py")),
+             here.parent / "conftest.py"]
+    trees = {p: ast.parse(p.read_text(), str(p)) for p in files}
+    helpers: set[str] = set()
+    for _ in range(3):  # helpers calling helpers
+        for tree in trees.values():
+            helpers |= {f.name for f in ast.walk(tree)
+                        if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                        and not f.name.startswith("test_") and _checks_something(f, helpers)}
+    empty = [f"{p.name}::{f.name}" for p, tree in trees.items() for f in ast.walk(tree)
+             if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")
+             and not _checks_something(f, helpers)]
+    assert not empty, f"tests that check nothing: {empty}"
