@@ -25,7 +25,7 @@ from types import ModuleType
 import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
-from course_utils.instructor.graded_tests import with_solution
+from course_utils.instructor.graded_tests import solution_region, with_solution
 from course_utils.notebook_cells import is_test_cell, nbgrader_meta
 
 MISTAKE_DIR = Path(__file__).parent / "mistakes"
@@ -45,7 +45,7 @@ def _cell_order(path: Path) -> tuple[str, int, str]:
 
 MISTAKES = sorted(MISTAKE_DIR.glob("u*.py"), key=_cell_order)
 MISTAKES_NOTEBOOKS = sorted({p.name for p in NOTEBOOK_DIR.glob("*.ipynb")})
-FIELDS = ("NOTEBOOK", "GRADE_ID", "BODY", "FAILS", "MESSAGE", "WITHIN_S")
+FIELDS = ("NOTEBOOK", "GRADE_ID", "FAILS", "MESSAGE", "WITHIN_S")
 
 PROBE = '''
 import course_utils as _cu
@@ -90,7 +90,23 @@ def load(path: Path) -> ModuleType:
     missing = [f for f in FIELDS if not hasattr(mod, f)]
     assert not missing, f"{path.name} lacks {missing}"
     assert 0 < mod.WITHIN_S <= 30, f"{path.name}: WITHIN_S must be in (0, 30]"
+    assert hasattr(mod, "BODY") != hasattr(mod, "REPLACE"), f"{path.name}: BODY or REPLACE"
+    if hasattr(mod, "REPLACE"):
+        mod.BODY = planted(path.name, read(NOTEBOOK_DIR / mod.NOTEBOOK), mod.GRADE_ID,
+                           mod.REPLACE, getattr(mod, "REGION", 0))
     return mod
+
+
+def planted(name: str, nb, grade_id: str, replace: list[tuple[str, str]], region: int = 0
+            ) -> str:
+    """The solution region with each ``(old, new)`` of ``REPLACE`` made once: the mistake as
+    a change of the working code, so that it follows the solution when that is edited."""
+    body = solution_region(nb, grade_id, region)
+    for old, new in replace:
+        assert body.count(old) == 1, (
+            f"{name}: {old!r} occurs {body.count(old)} times in {grade_id}'s solution, not once")
+        body = body.replace(old, new)
+    return body
 
 
 def index_of(nb, grade_id: str) -> int:

@@ -69,20 +69,34 @@ def grade_outcomes(executed: NotebookNode) -> list[GradeOutcome]:
     return outcomes
 
 
+def _regions(nb: NotebookNode, grade_id: str) -> tuple[NotebookNode, list[re.Match[str]]]:
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("grade_id") == grade_id:
+            return cell, list(re.finditer(r"( *)### BEGIN SOLUTION\n(.*?)( *)### END SOLUTION\n?",
+                                          cell.source, re.S))
+    raise KeyError(f"the notebook has no cell with grade_id {grade_id!r}")
+
+
+def solution_region(nb: NotebookNode, grade_id: str, region: int = 0) -> str:
+    """The code of solution region ``region`` of cell ``grade_id``, dedented to the region's
+    ``### BEGIN SOLUTION`` line: what :func:`with_solution` replaces."""
+    _, found = _regions(nb, grade_id)
+    if len(found) <= region:
+        raise ValueError(f"cell {grade_id!r} has no solution region {region}")
+    indent = len(found[region].group(1))
+    return "\n".join(ln[indent:] if ln[:indent].strip() == "" else ln
+                     for ln in found[region].group(2).rstrip("\n").splitlines())
+
+
 def with_solution(nb: NotebookNode, grade_id: str, body: str, region: int = 0
                   ) -> NotebookNode:
     """``nb`` with solution region number ``region`` (0: the first) of cell ``grade_id``
     replaced by ``body`` (indented to match). Tests use it to plant a learner's typical
     mistake and check a graded test fails."""
-    for cell in nb.cells:
-        if nbgrader_meta(cell).get("grade_id") != grade_id:
-            continue
-        found = list(re.finditer(r"( *)### BEGIN SOLUTION\n.*?### END SOLUTION\n?",
-                                 cell.source, re.S))
-        if len(found) <= region:
-            raise ValueError(f"cell {grade_id!r} has no solution region {region}")
-        m = found[region]
-        lines = [m.group(1) + ln if ln else ln for ln in body.strip("\n").splitlines()]
-        cell.source = cell.source[: m.start()] + "\n".join(lines) + "\n" + cell.source[m.end():]
-        return nb
-    raise KeyError(f"the notebook has no cell with grade_id {grade_id!r}")
+    cell, found = _regions(nb, grade_id)
+    if len(found) <= region:
+        raise ValueError(f"cell {grade_id!r} has no solution region {region}")
+    m = found[region]
+    lines = [m.group(1) + ln if ln else ln for ln in body.strip("\n").splitlines()]
+    cell.source = cell.source[: m.start()] + "\n".join(lines) + "\n" + cell.source[m.end():]
+    return nb

@@ -4,14 +4,12 @@ hosts show it."""
 
 NOTEBOOK = "00_cluster_tour.ipynb"
 GRADE_ID = "ex1-solution"
-BODY = '''
-dist.init_process_group(backend="gloo", init_method=f"tcp://{master_addr}:{master_port}",
-                        rank=local_rank, world_size=world_size,
-                        timeout=datetime.timedelta(seconds=timeout_s))
-t = torch.ones(1)
-dist.all_reduce(t)
-return float(t.item())
-'''
+REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
+    ("""\
+                        rank=rank, world_size=world_size,""",
+     """\
+                        rank=local_rank, world_size=world_size,"""),
+]
 FAILS = "ex1-test"
 MESSAGE = "use rank, not local_rank"
 WITHIN_S = 30

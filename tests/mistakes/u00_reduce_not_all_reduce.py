@@ -3,11 +3,12 @@
 
 NOTEBOOK = "00_cluster_tour.ipynb"
 GRADE_ID = "ex2-solution"
-BODY = """
-t = torch.tensor([float(rank + 1) ** 2])
-dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
-return float(t.item())
-"""
+REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
+    ("""\
+dist.all_reduce(t, op=dist.ReduceOp.SUM)""",
+     """\
+dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)"""),
+]
 FAILS = "ex2-test"
 MESSAGE = "one dist.all_reduce"
 WITHIN_S = 30

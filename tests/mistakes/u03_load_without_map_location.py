@@ -4,12 +4,12 @@ does not have, so torch refuses it (on a CPU-only machine too)."""
 
 NOTEBOOK = "03_pytorch_ddp.ipynb"
 GRADE_ID = "ex4-solution"
-BODY = """
-state = torch.load(path, weights_only=True)
-model.load_state_dict(state["model"])
-optimizer.load_state_dict(state["optimizer"])
-return state["epoch"]
-"""
+REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
+    ("""\
+state = torch.load(path, map_location=device, weights_only=True)""",
+     """\
+state = torch.load(path, weights_only=True)"""),
+]
 FAILS = "ex4-test"
 MESSAGE = "pass map_location=device to torch.load"
 WITHIN_S = 30

@@ -3,30 +3,14 @@ disagree one rank leaves while another waits in the next epoch's all_reduce."""
 
 NOTEBOOK = "09_capstone.ipynb"
 GRADE_ID = "ex2-solution"
-BODY = """
-start = time.time()
-model = train.original_cnn(seed=0).to(device)
-opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-first = resume_or_start(model, opt, ckpt_path)
-final_model = ddp = DDP(model)
-history = []
-for epoch in range(first, epochs):
-    if time.time() - start > budget_s:
-        break
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, seed=0,
-                                 drop_last=True)
-    sampler.set_epoch(epoch)
-    ddp.train()
-    for xb, yb in DataLoader(train_set, batch_size=32, sampler=sampler):
-        opt.zero_grad()
-        F.cross_entropy(ddp(xb.to(device)), yb.to(device)).backward()
-        opt.step()
-    val = train.evaluate(ddp.module, val_x.to(device), val_y.to(device))
-    save_checkpoint(ddp, opt, epoch + 1, ckpt_path)
-    history.append({"epoch": epoch, "val_accuracy": val["accuracy"],
-                    "seconds": time.time() - start})
-return history
-"""
+REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
+    ("""\
+    elapsed = torch.tensor([time.time() - start])
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)   # one decision, the same on every rank
+    if elapsed.item() > budget_s:""",
+     """\
+    if time.time() - start > budget_s:"""),
+]
 FAILS = "ex2-test"
 MESSAGE = 'dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)'
 WITHIN_S = 30

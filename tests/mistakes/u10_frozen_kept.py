@@ -2,15 +2,16 @@
 
 NOTEBOOK = "10_sharding_and_memory.ipynb"
 GRADE_ID = "ex1-solution"
-BODY = """
-self.params = list(params)
-self.numel = sum(prm.numel() for prm in self.params)
-self.chunk = math.ceil(self.numel / world_size)
-self.start, self.stop = shard_bounds(self.numel, rank, world_size)
-flat = torch.cat([prm.detach().reshape(-1) for prm in self.params])
-self.shard = flat[self.start:self.stop].clone().requires_grad_(True)
-self.adam = torch.optim.Adam([self.shard], lr=lr, betas=betas, eps=eps)
-"""
+REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
+    ("""\
+self.params, seen = [], set()
+for prm in params:
+    if prm.requires_grad and id(prm) not in seen:
+        seen.add(id(prm))
+        self.params.append(prm)""",
+     """\
+self.params = list(params)"""),
+]
 FAILS = "ex1-test"
 MESSAGE = "keep only trainable parameters"
 WITHIN_S = 30

@@ -3,13 +3,12 @@ layer's full weights stay alive until backward (the memory FSDP is there to save
 
 NOTEBOOK = "10_sharding_and_memory.ipynb"
 GRADE_ID = "ex2-solution"
-BODY = """
-full = fsdp.gather(i, shard)
-y = fsdp.run_layer(i, full, x)
-ctx.save_for_backward(x, shard)
-ctx.fsdp, ctx.i, ctx.full = fsdp, i, full
-return y
-"""
+REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
+    ("""\
+ctx.fsdp, ctx.i = fsdp, i""",
+     """\
+ctx.fsdp, ctx.i, ctx.full = fsdp, i, full"""),
+]
 FAILS = "ex2-test"
 MESSAGE = "not the full weights"
 WITHIN_S = 30

@@ -3,19 +3,18 @@ weights are right, the memory is DDP's."""
 
 NOTEBOOK = "10_sharding_and_memory.ipynb"
 GRADE_ID = "ex1-solution"
-BODY = """
-self.params, seen = [], set()
-for prm in params:
-    if prm.requires_grad and id(prm) not in seen:
-        seen.add(id(prm))
-        self.params.append(prm)
-self.numel = sum(prm.numel() for prm in self.params)
+REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
+    ("""\
+self.chunk = math.ceil(self.numel / world_size)
+self.start, self.stop = shard_bounds(self.numel, rank, world_size)""",
+     """\
 self.chunk = self.numel
-self.start, self.stop = 0, self.numel
-flat = torch.cat([prm.detach().reshape(-1) for prm in self.params])
-self.shard = flat.clone().requires_grad_(True)
-self.adam = torch.optim.Adam([self.shard], lr=lr, betas=betas, eps=eps)
-"""
+self.start, self.stop = 0, self.numel"""),
+    ("""\
+self.shard = flat[self.start:self.stop].clone().requires_grad_(True)""",
+     """\
+self.shard = flat.clone().requires_grad_(True)"""),
+]
 FAILS = "ex1-test"
 MESSAGE = "keep Adam's state for this rank's shard only"
 WITHIN_S = 30

@@ -3,15 +3,16 @@ twice (the weights still match, since both copies get the same update)."""
 
 NOTEBOOK = "10_sharding_and_memory.ipynb"
 GRADE_ID = "ex1-solution"
-BODY = """
-self.params = [prm for prm in params if prm.requires_grad]
-self.numel = sum(prm.numel() for prm in self.params)
-self.chunk = math.ceil(self.numel / world_size)
-self.start, self.stop = shard_bounds(self.numel, rank, world_size)
-flat = torch.cat([prm.detach().reshape(-1) for prm in self.params])
-self.shard = flat[self.start:self.stop].clone().requires_grad_(True)
-self.adam = torch.optim.Adam([self.shard], lr=lr, betas=betas, eps=eps)
-"""
+REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
+    ("""\
+self.params, seen = [], set()
+for prm in params:
+    if prm.requires_grad and id(prm) not in seen:
+        seen.add(id(prm))
+        self.params.append(prm)""",
+     """\
+self.params = [prm for prm in params if prm.requires_grad]"""),
+]
 FAILS = "ex1-test"
 MESSAGE = "count a tied weight once"
 WITHIN_S = 30
