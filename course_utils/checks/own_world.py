@@ -63,7 +63,10 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
         spec.write_text(json.dumps({"sources": sources, "probe": probe,
                                     "kwargs": kwargs, "world_size": world_size,
                                     "port": free_port(), "timeout": timeout}))
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        from ..torch_dist.process_group import loopback_ifname
+
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+               "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo"}
         with open(Path(tmp) / "launcher.txt", "w") as err:
             proc = subprocess.Popen([sys.executable, "-m", "course_utils.checks.own_world",
                                      str(spec)], env=env, stdout=subprocess.DEVNULL,
@@ -147,13 +150,15 @@ def _run_rank(spec_path: str, spec: dict[str, Any], rank: int) -> int:
 
     from .. import checks
     from ..torch_dist import sharding
+    from ..torch_dist.process_group import rendezvous_store
 
     folder = Path(spec_path).parent
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}",
-                                rank=rank, world_size=spec["world_size"],
-                                timeout=datetime.timedelta(seconds=spec["timeout"]))
+        wait = datetime.timedelta(seconds=spec["timeout"])
+        store = rendezvous_store(rank, spec["world_size"], "127.0.0.1", spec["port"], wait)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=spec["world_size"],
+                                timeout=wait)  # the store listens on loopback only
         ns = vars(__main__)
         ns.update(torch=torch, dist=dist, nn=nn, F=F, math=math, sharding=sharding, rank=rank,
                   world_size=spec["world_size"])

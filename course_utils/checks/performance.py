@@ -293,6 +293,7 @@ _CHILD = r"""
 import datetime, json, multiprocessing, os, sys
 import torch, torch.distributed as dist
 from course_utils.checks.performance import engine_check_overlap_dp
+from course_utils.torch_dist.process_group import rendezvous_store
 world_size, port, path, name, steps = sys.argv[1:6]
 world_size, steps = int(world_size), int(steps)
 with open(path) as fh:
@@ -300,8 +301,10 @@ with open(path) as fh:
 
 def rank_main(rank, out):
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world_size, timeout=datetime.timedelta(seconds=40))
+        wait = datetime.timedelta(seconds=40)
+        store = rendezvous_store(rank, world_size, "127.0.0.1", int(port), wait)  # loopback only
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=wait)
         globals().update(rank=rank, world_size=world_size)
         exec(cell, globals())
         res = engine_check_overlap_dp(name, steps=steps, timing_steps=0)
@@ -339,9 +342,11 @@ def overlap_dp_at(ranks: int = 3, source: str | None = None, cluster: Any = None
 
     if source is None:
         source = (cluster or current()).run_on(0, engine_cell_source, name, timeout=30)
+    from ..torch_dist.process_group import loopback_ifname
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_DISTRIBUTED")}
     env.update(PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1",
-               TORCH_DISTRIBUTED_DEBUG="OFF")
+               TORCH_DISTRIBUTED_DEBUG="OFF", GLOO_SOCKET_IFNAME=loopback_ifname() or "lo")
     with tempfile.TemporaryDirectory(prefix="course-overlap-") as tmp:
         path = os.path.join(tmp, "cell.py")
         with open(path, "w", encoding="utf-8") as fh:

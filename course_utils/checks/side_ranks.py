@@ -54,7 +54,9 @@ def engine_warm(idle_s: float = 1800.0) -> bool:
         return True
     folder = tempfile.mkdtemp(prefix="course-side-")
     root = str(Path(course_utils.__file__).resolve().parent.parent)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
+    from ..torch_dist.process_group import loopback_ifname
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo",
            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     log = open(Path(folder) / "spare.log", "wb")
     _SPARE.update(folder=folder, proc=subprocess.Popen(
@@ -128,6 +130,7 @@ def _run_worlds(payload_path: str, me: int, out: list[Any]) -> None:
 
     import __main__
 
+    from ..torch_dist.process_group import rendezvous_store
     from ..torch_dist.px_functions import engine_restore
 
     t0 = time.monotonic()
@@ -145,9 +148,11 @@ def _run_worlds(payload_path: str, me: int, out: list[Any]) -> None:
         os.environ.update(RANK=str(info["rank"]), WORLD_SIZE=str(info["world_size"]),
                           LOCAL_RANK=str(info["local_rank"]), MASTER_ADDR=info["master_addr"])
         if world["group"]:
-            dist.init_process_group("gloo", init_method=world["init_method"],
-                                    rank=info["rank"], world_size=info["world_size"],
-                                    timeout=datetime.timedelta(seconds=payload["wait_s"]))
+            wait = datetime.timedelta(seconds=payload["wait_s"])
+            store = rendezvous_store(info["rank"], info["world_size"], "127.0.0.1",
+                                     world["store_port"], wait)  # loopback only
+            dist.init_process_group("gloo", store=store, rank=info["rank"],
+                                    world_size=info["world_size"], timeout=wait)
         said = []
         for mod, name, args in world["calls"]:
             args = [world["fill"].get(a, a) if isinstance(a, str) else a for a in args]
@@ -262,7 +267,7 @@ def _plan(w: dict[str, Any]) -> dict[str, Any]:
 
     store, port = free_ports(2, "127.0.0.1")
     return {"ranks": simulated_rank_map(w["hosts"]), "group": bool(w.get("group", True)),
-            "calls": [tuple(c) for c in w["calls"]], "init_method": f"tcp://127.0.0.1:{store}",
+            "calls": [tuple(c) for c in w["calls"]], "store_port": store,
             "fill": {"$master_addr": "127.0.0.1", "$master_port": port}}
 
 
