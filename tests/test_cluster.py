@@ -161,7 +161,9 @@ def test_px_cell_errors_show_the_course_summary(cluster, monkeypatch):
 
     monkeypatch.setenv("COURSE_CLUSTER_ID", CID)  # the kernel joins this test's cluster
     nb = new_notebook(cells=[
-        new_code_cell("import course_utils as cu\ncluster = cu.start()\ncu.start_torch()"),
+        # DETAIL (unit 8's checks): a mismatch fails at once instead of at the group's timeout
+        new_code_cell("import course_utils as cu\ncluster = cu.start()\n"
+                      "cu.start_torch(debug='detail')"),
         new_code_cell("%%px\nimport torch, torch.distributed as dist\n"
                       "t = torch.ones(2 + rank)\ndist.all_reduce(t)"),
     ])
@@ -399,15 +401,17 @@ def test_only_tf_grpc_servers_listen_beyond_loopback(cluster):
     listeners = exposure.report(cluster)
     print("\n".join(x.text() for x in listeners))
     tf_ports = {int(a.rsplit(":", 1)[1]) for job in tfc.cluster.values() for a in job}
-    master_port = cluster.run_on(0, torch_dist.process_group._engine_state)["master_port"]
+    state = cluster.run_on(0, torch_dist.process_group._engine_state)
     by_port = {x.port: x for x in listeners}
-    assert by_port[master_port].addr == "127.0.0.1"  # torch's store: loopback
+    assert by_port[state["store_port"]].addr == "127.0.0.1"  # the course's store: loopback
+    assert state["master_port"] not in by_port  # exported for torchrun-shaped code, not bound
     assert {x.port for x in exposure.exposed(listeners)} == tf_ports
     assert all(x.role.startswith("rank") for x in exposure.exposed(listeners))
     # docs/cluster.md says exactly this
     table = readme_listeners()
     wide = {what for what, where in table.items() if "all interfaces" in where}
-    assert wide and all("gRPC" in what for what in wide), table
+    # TF's gRPC servers, and torchrun's own store while a unit runs torchrun (not started here)
+    assert wide and all("gRPC" in what or "torchrun" in what for what in wide), table
     assert all("127.0.0.1" in where for what, where in table.items() if what not in wide)
 
 

@@ -321,12 +321,13 @@ def test_units_exercises_and_test_states(tmp_path, sources):
         workspace.find_unit(wd, "7")
     nb = lessons.read(wd / sources[1].name)
     found = workspace.exercises(nb)
-    assert sorted(found) == ["ex1", "ex2", "ex3", "predict"]
+    assert sorted(found) == ["ex1", "ex2", "ex3", "ex4", "predict"]
     assert all(v["tests"] for v in found.values())
     assert workspace.exercise_of("ex2-test-bytes") == "ex2"
     status = workspace.unit_status(wd / sources[1].name)
-    assert status.summary() == "not run yet" and len(status.tests) == 4
-    t1, t2, t3, t4 = (nb.cells[found[e]["tests"][0]] for e in ("ex1", "ex2", "ex3", "predict"))
+    assert status.summary() == "not run yet" and len(status.tests) == 5
+    t1, t2, t3, t4, t5 = (nb.cells[found[e]["tests"][0]]
+                          for e in ("ex1", "ex2", "ex3", "predict", "ex4"))
     t1.execution_count = 4
     t2.execution_count = 5
     t2.outputs = [nbformat.v4.new_output("error", ename="AssertionError", evalue="no",
@@ -335,11 +336,11 @@ def test_units_exercises_and_test_states(tmp_path, sources):
     assert workspace.attempted(t2) and not workspace.attempted(t3)
     nbformat.write(nb, str(wd / sources[1].name))
     assert workspace.unit_status(wd / sources[1].name).summary() == \
-        "1 of 4 visible tests pass; failing: ex2-test"
-    t2.outputs, t3.execution_count, t4.execution_count = [], 6, 7
+        "1 of 5 visible tests pass; failing: ex2-test"
+    t2.outputs, t3.execution_count, t4.execution_count, t5.execution_count = [], 6, 7, 8
     nbformat.write(nb, str(wd / sources[1].name))
     assert workspace.unit_status(wd / sources[1].name).summary() == \
-        "passes its visible tests (4 of 4)"
+        "passes its visible tests (5 of 5)"
 
 
 def test_solution_only_after_the_visible_test_ran(tmp_path, sources):
@@ -491,13 +492,14 @@ def _page_config(folder: Path) -> dict:
 def test_the_learners_lab_hides_nbgraders_instructor_tools(tmp_path, kernel_prefix):
     plan = lab.prepare(str(tmp_path / "w"), False, lessons.NOTEBOOK_DIR, emit=lambda _: None)
     hidden = _page_config(plan.config_dir)["disabledExtensions"]
-    assert set(hidden) == set(labconfig.INSTRUCTOR_PLUGINS) and all(hidden.values())
+    assert set(hidden) == {labconfig.NEWS_PLUGIN, *labconfig.INSTRUCTOR_PLUGINS}
+    assert all(hidden.values())
     assert "@jupyter/nbgrader:create-assignment" in hidden and "@jupyter/nbgrader:menu" in hidden
     env = plan.environment({"JUPYTER_CONFIG_PATH": "/elsewhere", "X": "1"})
     assert env["JUPYTER_CONFIG_PATH"] == f"{plan.config_dir}{os.pathsep}/elsewhere"
     assert env["X"] == "1" and set(labconfig.QUIET_ARGS) <= set(plan.jupyter_args)
     src = lab.prepare(None, True, lessons.NOTEBOOK_DIR, emit=lambda _: None)
-    assert _page_config(src.config_dir) == {"disabledExtensions": {}}
+    assert _page_config(src.config_dir) == {"disabledExtensions": {labconfig.NEWS_PLUGIN: True}}
     assert set(labconfig.QUIET_ARGS) <= set(src.jupyter_args)
     before = (plan.config_dir / "labconfig" / "page_config.json").stat().st_mtime_ns
     labconfig.write_config_dir(plan.config_dir, False)  # again: unchanged, not rewritten

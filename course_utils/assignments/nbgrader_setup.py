@@ -160,7 +160,10 @@ class CourseExecute(Execute):
         helper, the test does not run and shows :data:`.integrity.ENAME` (0 points)."""
         probe = NotebookNode(cell_type="code", source=integrity.probe_code(), metadata={},
                              outputs=[], execution_count=None, id=f"integrity-{index}")
-        self.execute_cell(probe, index, store_history=False)
+        try:
+            self.execute_cell(probe, index, store_history=False)
+        finally:  # nbclient writes the cell it ran into the notebook at ``index``: put it back
+            self.nb["cells"][index] = cell
         result = integrity.read_probe(probe.outputs)
         if result is None:  # the probe itself failed: the log says so, and the test runs
             errors = [o for o in probe.outputs if o.get("output_type") == "error"]

@@ -402,7 +402,9 @@ def batch_problems(lines: Any, script: str = "train_ddp.py", nodes: int = 2) -> 
 
 def sbatch_test_only(text: str, timeout: float = 20) -> tuple[bool, str] | None:
     """``sbatch --test-only`` of ``text``: Slurm validates the job and says when it would start,
-    submitting nothing. ``None`` when this machine has no ``sbatch`` or no controller answers."""
+    submitting nothing. ``None`` when this machine has no ``sbatch``, no controller answers, or
+    the controller that answers cannot grant what the example profile asks of its site (GPUs
+    as GRES, a partition): that says nothing about the learner's lines."""
     import shutil
 
     if not shutil.which("sbatch"):
@@ -415,6 +417,9 @@ def sbatch_test_only(text: str, timeout: float = 20) -> tuple[bool, str] | None:
     said = (cp.stdout + cp.stderr).strip()
     if cp.returncode != 0 and re.search(r"contact slurm controller|Unable to contact|"
                                         r"slurm.conf|Could not establish", said, re.I):
+        return None
+    if cp.returncode != 0 and re.search(r"generic resource|gres|invalid partition|"
+                                        r"node configuration is not available", said, re.I):
         return None
     return cp.returncode == 0, said
 

@@ -87,7 +87,8 @@ def _watch(proc: subprocess.Popen[bytes], tmp: Path, world_size: int, deadline: 
     while proc.poll() is None:
         failed = sorted(tmp.glob("failed-*.txt"))
         if failed:
-            _result(tmp, int(failed[0].stem.split("-")[1]), world_size)
+            time.sleep(0.5)  # the rank that broke first, and the peers it took down, all write
+            _result(tmp, _first_cause(sorted(tmp.glob("failed-*.txt"))), world_size)
         if time.monotonic() > deadline:
             raise CourseError(
                 f"the {world_size}-rank check did not finish in {timeout:.0f} s (a collective "
@@ -95,6 +96,19 @@ def _watch(proc: subprocess.Popen[bytes], tmp: Path, world_size: int, deadline: 
                 "run every collective on every rank, the same number of times; then run the "
                 "test again")
         time.sleep(0.2)
+
+
+#: What a rank's error says when it only lost a peer that failed first.
+_KNOCK_ON = ("Connection reset by peer", "Connection closed by peer", "pair closure",
+             "Broken pipe")
+
+
+def _first_cause(failed: list[Path]) -> int:
+    """The rank to report: the first whose error is its own, not a lost connection to a peer
+    that broke (those follow within moments)."""
+    ranks = [(int(p.stem.split("-")[1]), p.read_text(errors="replace")) for p in failed]
+    own = [r for r, text in ranks if not any(k in text for k in _KNOCK_ON)]
+    return (own or [r for r, _ in ranks])[0]
 
 
 def _result(tmp: Path, rank: int, world_size: int) -> dict[str, Any]:

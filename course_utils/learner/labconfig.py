@@ -11,7 +11,8 @@ JupyterLab reads ``disabledExtensions`` from), kept for ``course lab`` alone: a 
 "Validate" button stays: it runs the notebook the way a grader would.
 
 Both modes also turn off JupyterLab's question "Would you like to get notified about official
-Jupyter news?" and its update check (``LabApp.news_url``, ``LabApp.check_for_updates_class``).
+Jupyter news?" (its plugin, :data:`NEWS_PLUGIN`) and its update check
+(``LabApp.news_url``, ``LabApp.check_for_updates_class``).
 """
 
 from __future__ import annotations
@@ -28,14 +29,19 @@ INSTRUCTOR_PLUGINS = (
     "@jupyter/nbgrader:course-list",
     "@jupyter/nbgrader:assignment-list",
 )
-#: ``jupyter lab`` options for both modes: no news question, no update check.
+#: JupyterLab's news question ("Would you like to get notified about official Jupyter news?"):
+#: its plugin asks even with ``LabApp.news_url=None`` (seen in the browser test), so both modes
+#: disable it.
+NEWS_PLUGIN = "@jupyterlab/apputils-extension:announcements"
+#: ``jupyter lab`` options for both modes: no news feed, no update check.
 QUIET_ARGS = ("--LabApp.news_url=None",
               "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate")
 
 
 def page_config(source: bool) -> dict[str, dict[str, bool]]:
     """The page config ``course lab`` serves: the instructor's tools off unless ``source``."""
-    return {"disabledExtensions": {} if source else dict.fromkeys(INSTRUCTOR_PLUGINS, True)}
+    hidden = (NEWS_PLUGIN,) if source else (NEWS_PLUGIN, *INSTRUCTOR_PLUGINS)
+    return {"disabledExtensions": dict.fromkeys(hidden, True)}
 
 
 def write_config_dir(folder: Path, source: bool) -> Path:
