@@ -58,11 +58,11 @@ def shard_indices(n: int, rank: int, world_size: int, seed: int | None = None,
 DIGITS_TEST = 500
 
 
-def digits_as_cifar(train: bool = True, seed: int = 0) -> ArrayDataset:
+def sklearn_digits(train: bool = True, seed: int = 0) -> ArrayDataset:
     """The sklearn digits shaped like CIFAR-10: 3x32x32 float32 images in [0, 1].
 
-    Each 8x8 digit is upsampled 4x (nearest neighbour) and copied to 3 channels, so the seed's
-    CIFAR-10 CNN runs unchanged. A seeded split keeps ``DIGITS_TEST`` images for testing.
+    Each 8x8 digit is upsampled 4x (nearest neighbour) and copied to 3 channels, so the original
+    program's CIFAR-10 CNN runs unchanged. A seeded split keeps ``DIGITS_TEST`` images for testing.
     This is the offline fallback of :func:`cifar10` (introduced in ``03_pytorch_ddp``).
     """
     d = digits()
@@ -71,7 +71,7 @@ def digits_as_cifar(train: bool = True, seed: int = 0) -> ArrayDataset:
     img = d.x[idx].reshape(-1, 1, 8, 8).repeat(4, axis=2).repeat(4, axis=3)
     img = np.ascontiguousarray(np.repeat(img, 3, axis=1), dtype=np.float32)
     split = "train" if train else "test"
-    return ArrayDataset(img, d.y[idx], "digits-as-cifar",
+    return ArrayDataset(img, d.y[idx], "sklearn-digits",
                         f"offline fallback: sklearn digits ({split}, {len(idx)} real 8x8 digits "
                         "upsampled to 3x32x32), not CIFAR-10")
 
@@ -82,7 +82,7 @@ def cifar10(root: str, train: bool = True, n: int | None = None, download: bool 
 
     ``x`` is float32 (N, 3, 32, 32) in [0, 1], ``y`` int64. ``n`` keeps a seeded random subset.
     When the download (or a local copy under ``root``) is unavailable, e.g. in CI without
-    internet, :func:`digits_as_cifar` is returned instead and ``note`` says so in one line.
+    internet, :func:`sklearn_digits` is returned instead and ``note`` says so in one line.
     On several ranks, let rank 0 download first, then barrier, then the others load with
     ``download=False`` (two processes writing the same archive corrupt it). ``timeout`` bounds
     each network operation, so a network that drops packets falls back instead of hanging.
@@ -105,7 +105,7 @@ def cifar10(root: str, train: bool = True, n: int | None = None, download: bool 
                            f"CIFAR-10 via torchvision ({'train' if train else 'test'}, "
                            f"{len(y)} images)")
     except Exception as exc:  # no network, no local copy, or a corrupt archive
-        fb = digits_as_cifar(train=train, seed=seed)
+        fb = sklearn_digits(train=train, seed=seed)
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
         out = ArrayDataset(fb.x, fb.y, fb.name, f"CIFAR-10 unavailable ({reason}); {fb.note}")
     if n is not None and n < len(out):

@@ -61,7 +61,7 @@ def test_graph_places_shards_on_their_ps_and_the_model_scores_held_out_data(tmp_
     assert np.array_equal(models.cnn(seed=0).w.numpy(), net.w.numpy())
     score = checks.check_tf_capstone(net, str(tmp_path), n_test=50)
     assert score["n"] == 50 and 0.0 <= score["accuracy"] <= 1.0
-    assert score["data"] == "digits-as-cifar" and score["target"] == 0.85
+    assert score["data"] == "sklearn-digits" and score["target"] == 0.85
     assert score["on_ps"] is False and score["devices"]   # made outside strategy.scope()
 
 

@@ -51,8 +51,8 @@ def test_ring_bytes_and_bandwidth_formulas():
     assert "0.50x" in table and "1.00x" in table and "64 MiB" in table
 
 
-def test_digits_as_cifar_shape_and_split():
-    tr, te = data.digits_as_cifar(True), data.digits_as_cifar(False)
+def test_sklearn_digits_shape_and_split():
+    tr, te = data.sklearn_digits(True), data.sklearn_digits(False)
     assert tr.x.shape == (1797 - data.DIGITS_TEST, 3, 32, 32) and te.x.shape[0] == data.DIGITS_TEST
     assert tr.x.dtype == np.float32 and 0.0 <= tr.x.min() and tr.x.max() <= 1.0
     # 4x nearest upsampling: each 4x4 block is constant, channels are equal.
@@ -67,7 +67,7 @@ def test_cifar10_falls_back_without_files(tmp_path):
     before = socket.getdefaulttimeout()
     ds = data.cifar10(str(tmp_path / "none"), train=True, n=100, download=False)
     assert socket.getdefaulttimeout() == before  # the download timeout is not left behind
-    assert ds.name == "digits-as-cifar" and len(ds) == 100 and ds.x.shape[1:] == (3, 32, 32)
+    assert ds.name == "sklearn-digits" and len(ds) == 100 and ds.x.shape[1:] == (3, 32, 32)
     assert ds.note.startswith("CIFAR-10 unavailable") and "\n" not in ds.note
 
 
@@ -399,7 +399,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 from course_utils import data as _data
 
-_d = _data.digits_as_cifar(True)
+_d = _data.sklearn_digits(True)
 X, Y = torch.from_numpy(_d.x[:64]), torch.from_numpy(_d.y[:64])
 device = torch.device("cpu")
 

@@ -2,7 +2,7 @@
 
 The same model (:func:`course_utils.torch_dist.train.original_cnn`), the same sampler, optimizer and
 metrics as ``03_pytorch_ddp``, on the offline digits at 3x32x32 (:func:`course_utils.data.
-digits_as_cifar`), so it runs without network on any machine. ``torchrun`` sets ``RANK``,
+sklearn_digits`), so it runs without network on any machine. ``torchrun`` sets ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``; the script
 reads them through ``init_process_group("env://")``. On GPUs the group is
 ``"cpu:gloo,cuda:nccl"`` and every collective's tensor sits on this rank's GPU. One host, two
@@ -128,7 +128,7 @@ def train_steps(steps: int, batch: int = 32, lr: float = 0.05, seed: int = 0,
 
     device = device or torch.device("cpu")
     rank, world = dist.get_rank(), dist.get_world_size()
-    raw = data.digits_as_cifar(train=True)
+    raw = data.sklearn_digits(train=True)
     x = (torch.from_numpy(raw.x) - 0.5) / 0.5
     y = torch.from_numpy(raw.y)
     dataset = TensorDataset(x, y)
