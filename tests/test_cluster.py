@@ -411,7 +411,7 @@ def test_only_tf_grpc_servers_listen_beyond_loopback(cluster):
     table = readme_listeners()
     wide = {what for what, where in table.items() if "all interfaces" in where}
     # TF's gRPC servers, and torchrun's own store while a unit runs torchrun (not started here)
-    assert wide and all("gRPC" in what or "torchrun" in what for what in wide), table
+    assert wide and all("gRPC" in what or "c10d rendezvous" in what for what in wide), table
     assert all("127.0.0.1" in where for what, where in table.items() if what not in wide)
 
 
