@@ -46,10 +46,9 @@ def _install(monkeypatch, body: str | None = None) -> None:
 
 
 def _body(name: str) -> tuple[str, str]:
-    path = MISTAKES / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from tests.test_mistakes import load  # BODY, or the solution with REPLACE's edits made
+
+    mod = load(MISTAKES / f"{name}.py")
     return mod.BODY, mod.MESSAGE
 
 
