@@ -3,18 +3,14 @@ has no gradient, so ``dist.all_reduce(None)`` raises (torch's DDP skips such par
 
 NOTEBOOK = "02_data_parallel_from_scratch.ipynb"
 GRADE_ID = "ex1-solution"
-BODY = '''
-opt.zero_grad()
-loss = F.cross_entropy(model(xb), yb)
-loss.backward()
-for prm in model.parameters():
-    dist.all_reduce(prm.grad, op=dist.ReduceOp.SUM)
-    prm.grad /= world_size
-opt.step()
-logged = loss.detach().clone()
-dist.all_reduce(logged)
-return float(logged) / world_size
-'''
+REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
+    ("""\
+    if prm.grad is None:   # frozen (requires_grad=False): no gradient, like DDP skips it
+        continue
+""",
+     """\
+"""),
+]
 FAILS = "ex1-test-step"
 MESSAGE = "skip a parameter whose .grad is None"
 WITHIN_S = 20
