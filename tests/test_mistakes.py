@@ -9,6 +9,15 @@ mistake only the mutated solution cell and the cells up to its failing test run.
 leave the process group with unfinished messages (that is what the learner meets too): before
 the next mistake a probe checks the group, and if it is unusable the engines are restarted and
 the notebook's cells re-run from the top.
+
+The same kernel also runs **the student version of every exercise** (``stub_*`` ids): the
+released cell (nbgrader's stub with our hint) in place of the solution, and the released (visible
+only) tests after it, up to the next exercise: each of those tests must fail with a message. It
+is the release's "every graded test fails" check, one exercise at a time, so a test that passes
+only because an earlier exercise broke the notebook is caught too. What the solution cell had
+bound (at top level, or as a function's ``global``) is removed first, in the kernel or on the
+engines, so a stub's test cannot pass on the solution's leftovers. The untouched release itself,
+run whole, is graded in ``test_instructor_grade.py`` (unit 0's class).
 """
 
 from __future__ import annotations
@@ -21,12 +30,14 @@ import os
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import NamedTuple
 
 import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
+from course_utils.assignments.release import student_notebooks
 from course_utils.instructor.graded_tests import solution_region, with_solution
-from course_utils.notebook_cells import is_test_cell, nbgrader_meta
+from course_utils.notebook_cells import is_solution_cell, is_test_cell, nbgrader_meta
 
 MISTAKE_DIR = Path(__file__).parent / "mistakes"
 
@@ -45,6 +56,43 @@ def _cell_order(path: Path) -> tuple[str, int, str]:
 
 MISTAKES = sorted(MISTAKE_DIR.glob("u*.py"), key=_cell_order)
 MISTAKES_NOTEBOOKS = sorted({p.name for p in NOTEBOOK_DIR.glob("*.ipynb")})
+
+
+class Stub(NamedTuple):
+    """The student version of one exercise: solution cell ``grade_id`` (at ``at``) and the
+    graded tests of its exercise after it, which must fail on its stub."""
+
+    notebook: str
+    at: int
+    grade_id: str
+    tests: tuple[str, ...]
+
+    @property
+    def id(self) -> str:
+        return f"stub_{self.notebook[:2]}_{self.grade_id}"
+
+
+def exercise_of(grade_id: str) -> str:
+    """``ex3-save-solution`` and ``ex3-test`` -> ``ex3``: a solution cell's tests share it."""
+    return grade_id.split("-")[0]
+
+
+def stubs_of(name: str) -> list[Stub]:
+    cells = read(NOTEBOOK_DIR / name).cells
+    out = []
+    for s, c in enumerate(cells):
+        if c.cell_type == "code" and is_solution_cell(c):
+            gid = nbgrader_meta(c)["grade_id"]
+            tests = tuple(nbgrader_meta(t)["grade_id"] for t in cells[s + 1:] if is_test_cell(t)
+                          and exercise_of(nbgrader_meta(t)["grade_id"]) == exercise_of(gid))
+            out.append(Stub(name, s, gid, tests))
+    return out
+
+
+STUBS = [st for name in MISTAKES_NOTEBOOKS if name[:1].isdigit() for st in stubs_of(name)]
+#: Mistakes and stubs together, forwards through each notebook (one kernel for all).
+ENTRIES = sorted([*MISTAKES, *STUBS], key=lambda e: (e.notebook, e.at, e.id) if isinstance(
+    e, Stub) else _cell_order(e))
 FIELDS = ("NOTEBOOK", "GRADE_ID", "FAILS", "MESSAGE", "WITHIN_S")
 
 PROBE = '''
@@ -183,11 +231,50 @@ class Kernel:
         self.stack.close()
 
 
+def bound_names(source: str) -> tuple[str, list[str]]:
+    """The cell's magic line (``%%px ...`` or "") and the names its code binds at top level or
+    declares ``global`` in a function: what the stub must not find left over from the solution."""
+    magic, _, code = source.partition("\n") if source.startswith("%%") else ("", "", source)
+    if magic and not magic.startswith("%%px"):
+        return magic, []  # e.g. %%writefile: the cell is a file, not code run here
+    tree = ast.parse(code)
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue  # a module left over is no answer, and earlier cells may import it too
+        else:
+            names.update(n.id for n in ast.walk(node)
+                         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store))
+    names.update(g for n in ast.walk(tree) if isinstance(n, ast.Global) for g in n.names)
+    return magic, sorted(names)
+
+
+@pytest.fixture(scope="module")
+def released() -> dict[str, object]:
+    """Each lesson's student version, exactly as ``course release`` hands it out (cached)."""
+    names = sorted({st.notebook for st in STUBS})
+    return dict(zip(names, student_notebooks([NOTEBOOK_DIR / n for n in names]), strict=True))
+
+
 @pytest.fixture(scope="module")
 def kernel():
     k = Kernel()
     yield k
     k.close()
+
+
+def test_every_graded_test_is_run_on_a_student_version():
+    """Each graded test of every lesson follows the stub of its exercise in ``STUBS``."""
+    assert STUBS
+    for name in sorted({st.notebook for st in STUBS}):
+        tested = {t for st in STUBS if st.notebook == name for t in st.tests}
+        tests = [nbgrader_meta(c)["grade_id"] for c in read(NOTEBOOK_DIR / name).cells
+                 if is_test_cell(c)]
+        assert tests and set(tests) <= tested, (
+            f"{name}: tests no stub runs: {sorted(set(tests) - tested)}")
+    assert all(st.tests for st in STUBS), [st.id for st in STUBS if not st.tests]
 
 
 def test_catalogue_files_are_well_formed():
@@ -201,13 +288,59 @@ def test_catalogue_files_are_well_formed():
                       getattr(mod, "REGION", 0))  # the region exists
 
 
-@pytest.mark.parametrize("path", MISTAKES, ids=[p.stem for p in MISTAKES])
-def test_mistake_fails_its_own_test_with_the_fix(path, kernel):
-    mod = load(path)
+@pytest.mark.parametrize("entry", ENTRIES,
+                         ids=[e.id if isinstance(e, Stub) else e.stem for e in ENTRIES])
+def test_fails_where_it_is_made(entry, kernel, released):
+    """A catalogued mistake fails its aimed test with the fix named; an exercise's stub (the
+    student version) fails every test of its exercise, each with a message."""
     session = kernel
     if session.used:
         session.make_clean()
     session.used = True
+    if isinstance(entry, Stub):
+        stub_fails_its_tests(entry, session, released[entry.notebook])
+    else:
+        mistake_fails_its_test(entry, session)
+
+
+def stub_fails_its_tests(stub: Stub, session: Kernel, release) -> None:
+    session.open(stub.notebook)
+    session.run_original(stub.at)
+    assert not session.failed_tests, (
+        f"graded tests failed before {stub.grade_id}: {session.failed_tests}; cell errors: "
+        f"{session.errors}")
+    handed_out = {nbgrader_meta(c).get("grade_id"): c for c in release.cells
+                  if nbgrader_meta(c).get("grade_id")}
+    magic, names = bound_names(session.nb.cells[stub.at].source)
+    if names:  # the solution's leftovers go, where the cell ran (kernel or engines)
+        from nbformat.v4 import new_code_cell
+
+        forget = f"for _n in {names!r}:\n    globals().pop(_n, None)\n"
+        errs, _ = session.execute(new_code_cell(f"{magic}\n{forget}" if magic else forget), -1)
+        assert not errs, f"could not remove the solution's names {names}: {errs}"
+    last = max(i for i, c in enumerate(session.nb.cells)
+               if nbgrader_meta(c).get("grade_id") in stub.tests) if stub.tests else stub.at
+    outcome = {}
+    for i in range(stub.at, last + 1):
+        cell = session.nb.cells[i]
+        gid = nbgrader_meta(cell).get("grade_id", "")
+        if cell.cell_type != "code" or "teardown" in gid:
+            continue
+        cell = handed_out.get(gid, cell) if gid else cell  # the stub, the visible tests
+        errs, _ = session.execute(cell, i)
+        if gid in stub.tests:
+            outcome[gid] = errs
+    session.done = stub.at
+    print(f"{stub.id}: " + "; ".join(f"{t}: {e[0][:120] if e else 'PASSED'}"
+                                     for t, e in outcome.items()))
+    passed = [t for t, e in outcome.items() if not e]
+    assert not passed, f"{stub.id}: these tests pass on the student version: {passed}"
+    empty = [t for t, e in outcome.items() if not e[0].split(":", 1)[-1].strip()]
+    assert not empty, f"{stub.id}: these tests fail with no message on the student version: {empty}"
+
+
+def mistake_fails_its_test(path: Path, session: Kernel) -> None:
+    mod = load(path)
     session.open(mod.NOTEBOOK)
     mutated = with_solution(copy.deepcopy(session.nb), mod.GRADE_ID, mod.BODY,
                             getattr(mod, "REGION", 0))

@@ -1,21 +1,19 @@
-"""Checks that the graded tests bite: run a notebook to its last graded test and read which
-failed, the student version in memory, a learner's mistake planted in a solution.
+"""Checks that the graded tests bite: the graded test ids of a notebook, the student version
+in memory, a learner's mistake planted in a solution region.
 
 The student version is made with nbgrader's own ``ClearSolutions`` preprocessor (what
-``nbgrader generate_assignment`` runs), then executed; every graded test cell must fail on it.
-That is the "tests can fail" guarantee, checked for every exercise by ``tests/test_grading.py``.
+``nbgrader generate_assignment`` runs). ``tests/test_mistakes.py`` plants each exercise's stub,
+and each catalogued mistake, in the solved notebook and checks that the exercise's graded tests
+fail: the "tests can fail" guarantee.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 import re
-from dataclasses import dataclass
 
 from nbformat import NotebookNode
 
-from ..assignments.lessons import NOTEBOOK_DIR
 from ..notebook_cells import is_test_cell, nbgrader_meta
 
 
@@ -33,40 +31,6 @@ def student_version(nb: NotebookNode) -> NotebookNode:
     nb = copy.deepcopy(nb)
     nb, _ = ClearSolutions(enforce_metadata=True).preprocess(nb, {})
     return nb
-
-
-@dataclass
-class GradeOutcome:
-    grade_id: str
-    failed: bool
-    error: str
-
-
-def execute_until_last_test(nb: NotebookNode, timeout: int = 600,
-                            cwd: str | os.PathLike[str] | None = None) -> NotebookNode:
-    """Execute cells up to the last graded test cell, recording errors instead of stopping."""
-    from nbclient import NotebookClient
-
-    last = max((i for i, c in enumerate(nb.cells) if is_test_cell(c)), default=-1)
-    nb = copy.deepcopy(nb)
-    teardown = [c for c in nb.cells[last + 1:] if "teardown" in nbgrader_meta(c).get(
-        "grade_id", "")]
-    nb.cells = nb.cells[: last + 1] + teardown
-    client = NotebookClient(nb, timeout=timeout, allow_errors=True, kernel_name="python3",
-                            resources={"metadata": {"path": str(cwd or NOTEBOOK_DIR)}})
-    client.execute()
-    return nb
-
-
-def grade_outcomes(executed: NotebookNode) -> list[GradeOutcome]:
-    outcomes = []
-    for c in executed.cells:
-        if not is_test_cell(c):
-            continue
-        errors = [o for o in c.get("outputs", []) if o.get("output_type") == "error"]
-        text = f"{errors[0].get('ename')}: {errors[0].get('evalue')}"[:300] if errors else ""
-        outcomes.append(GradeOutcome(nbgrader_meta(c)["grade_id"], bool(errors), text))
-    return outcomes
 
 
 def _regions(nb: NotebookNode, grade_id: str) -> tuple[NotebookNode, list[re.Match[str]]]:
