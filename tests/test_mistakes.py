@@ -27,6 +27,8 @@ import contextlib
 import copy
 import importlib.util
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +40,7 @@ from course_utils.assignments.lessons import NOTEBOOK_DIR, read
 from course_utils.assignments.release import student_notebooks
 from course_utils.instructor.graded_tests import solution_region, with_solution
 from course_utils.notebook_cells import is_solution_cell, is_test_cell, nbgrader_meta
+from tests.workdir import private_notebook_dir
 
 MISTAKE_DIR = Path(__file__).parent / "mistakes"
 
@@ -177,9 +180,11 @@ class Kernel:
     def __init__(self) -> None:
         from nbclient import NotebookClient
 
+        # Its own working folder: planted mistakes write unit 6's train_ddp.py and checkpoints.
+        self.workdir = private_notebook_dir(Path(tempfile.mkdtemp(prefix="course-mistakes-")))
         self.client = NotebookClient(read(NOTEBOOK_DIR / MISTAKES_NOTEBOOKS[0]), timeout=300,
                                      allow_errors=True, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+                                     resources={"metadata": {"path": str(self.workdir)}})
         self.stack = contextlib.ExitStack()
         env = {**os.environ, "COURSE_CLUSTER_ID": f"mistakes-{os.getpid()}"}
         self.stack.enter_context(self.client.setup_kernel(env=env))
@@ -229,6 +234,7 @@ class Kernel:
                 if "teardown" in nbgrader_meta(cell).get("grade_id", ""):
                     self.execute(cell, i)
         self.stack.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def bound_names(source: str) -> tuple[str, list[str]]:

@@ -14,6 +14,7 @@ from nbclient import NotebookClient
 from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
 
 from course_utils.notebook_cells import grade_id
+from tests.workdir import private_notebook_dir
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 CELL_TIMEOUT = 600  # as nbval's --nbval-cell-timeout in pyproject.toml
@@ -23,11 +24,13 @@ def _is_teardown(cell) -> bool:
     return "teardown" in grade_id(cell)
 
 
-def run_in_one_kernel(name: str, plan: str) -> list[str]:
+def run_in_one_kernel(name: str, plan: str, workdir: Path) -> list[str]:
     """Run notebook ``name`` in one kernel by ``plan``: ``B`` every code cell but the
     teardown, ``T`` the teardown. Returns what ran, one letter per step (a failing cell
     raises nbclient's CellExecutionError naming it). A failed pass still runs the teardown,
-    so no engines outlive the test."""
+    so no engines outlive the test. It runs in ``workdir`` (:mod:`tests.workdir`): nbval may
+    run the same notebook in ``notebooks/`` at the same time."""
+    cwd = str(private_notebook_dir(workdir))
     nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     steps = {"B": [ic for ic in code if not _is_teardown(ic[1])],
@@ -37,9 +40,9 @@ def run_in_one_kernel(name: str, plan: str) -> list[str]:
     km = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME,
                        kernel_spec_manager=NbvalKernelspecManager())
     client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, kernel_name=CURRENT_ENV_KERNEL_NAME,
-                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+                            resources={"metadata": {"path": cwd}})
     ran: list[str] = []
-    with client.setup_kernel(cwd=str(NOTEBOOK_DIR)):
+    with client.setup_kernel(cwd=cwd):
         try:
             for step in plan:
                 for index, cell in steps[step]:
@@ -52,20 +55,20 @@ def run_in_one_kernel(name: str, plan: str) -> list[str]:
     return ran
 
 
-def test_a_torch_notebook_runs_twice_whole_in_one_kernel():
+def test_a_torch_notebook_runs_twice_whole_in_one_kernel(tmp_path):
     # Unit 1: the cluster and the gloo group are started, stopped, and started again.
-    assert run_in_one_kernel("01_collectives.ipynb", "BTBT") == list("BTBT")
+    assert run_in_one_kernel("01_collectives.ipynb", "BTBT", tmp_path) == list("BTBT")
 
 
-def test_a_tf_notebook_runs_twice_whole_in_one_kernel():
+def test_a_tf_notebook_runs_twice_whole_in_one_kernel(tmp_path):
     # Unit 4: the TF servers are started, stopped, and started again on fresh engines.
-    assert run_in_one_kernel("04_tf_classic_ps.ipynb", "BTBT") == list("BTBT")
+    assert run_in_one_kernel("04_tf_classic_ps.ipynb", "BTBT", tmp_path) == list("BTBT")
 
 
-def test_every_cell_again_against_the_live_cluster():
+def test_every_cell_again_against_the_live_cluster(tmp_path):
     # Unit 3: each set-up cell meets what its first run started (cluster, process group,
     # DDP model) and reuses it; then the teardown.
-    assert run_in_one_kernel("03_pytorch_ddp.ipynb", "BBT") == list("BBT")
+    assert run_in_one_kernel("03_pytorch_ddp.ipynb", "BBT", tmp_path) == list("BBT")
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9]*.ipynb")))

@@ -7,6 +7,7 @@ rank (``cluster.run``) and import torch there; the formulas are plain arithmetic
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 import weakref
@@ -270,7 +271,10 @@ class CollectiveCounter:
     """Counts calls and ring bytes of the collectives in :data:`RING_SENT` while active, and
     tracks how many bytes of ``all_gather_into_tensor`` outputs are alive at once (a weakref
     finalizer per output: it runs when the tensor, its views and autograd's saved copies are
-    all gone)."""
+    all gone). Before each gather and at :meth:`reset` the cycle collector runs, so that an
+    output only garbage in a reference cycle still holds is not counted alive: without it the
+    peak depended on when Python's collector happened to run (a loaded machine once counted
+    three layers alive instead of two)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
@@ -301,6 +305,7 @@ class CollectiveCounter:
             self.calls[name] = self.calls.get(name, 0) + 1
             self.sent += cost(vals[0], vals[1] if len(vals) > 1 else None, p)
             if name in ("all_gather_into_tensor", "all_gather_single"):
+                gc.collect()
                 n = _nbytes(vals[0])
                 self.live += n
                 self.peak_live = max(self.peak_live, self.live)
@@ -312,6 +317,7 @@ class CollectiveCounter:
         self.live -= n
 
     def reset(self) -> None:
+        gc.collect()
         self.calls, self.sent, self.peak_live = {}, 0.0, self.live
 
 
