@@ -12,7 +12,7 @@ the notebook's cells re-run from the top.
 
 The same kernel also runs **the student version of every exercise** (``stub_*`` ids): the
 released cell (nbgrader's stub with our hint) in place of the solution, and the released (visible
-only) tests after it, up to the next exercise: each of those tests must fail with a message. It
+only) tests of its exercise after it: each of those tests must fail with a message. It
 is the release's "every graded test fails" check, one exercise at a time, so a test that passes
 only because an earlier exercise broke the notebook is caught too. What the solution cell had
 bound (at top level, or as a function's ``global``) is removed first, in the kernel or on the
@@ -37,7 +37,7 @@ from typing import NamedTuple
 import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
-from course_utils.assignments.release import student_notebooks
+from course_utils.assignments.release import lesson_notebooks, student_notebooks
 from course_utils.instructor.graded_tests import solution_region, with_solution
 from course_utils.notebook_cells import is_solution_cell, is_test_cell, nbgrader_meta
 from tests.workdir import private_notebook_dir
@@ -92,7 +92,7 @@ def stubs_of(name: str) -> list[Stub]:
     return out
 
 
-STUBS = [st for name in MISTAKES_NOTEBOOKS if name[:1].isdigit() for st in stubs_of(name)]
+STUBS = [st for path in lesson_notebooks() for st in stubs_of(path.name)]
 #: Mistakes and stubs together, forwards through each notebook (one kernel for all).
 ENTRIES = sorted([*MISTAKES, *STUBS], key=lambda e: (e.notebook, e.at, e.id) if isinstance(
     e, Stub) else _cell_order(e))
