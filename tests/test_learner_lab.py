@@ -104,6 +104,40 @@ def test_install_wraps_ipyparallels_display_once():
     assert out.stdout.strip() == "['[rank 1, engine 4] 100%', '[rank 0, engine 5, output]']"
 
 
+def test_replayed_output_keeps_one_display_per_engine():
+    """Output sent before a cell's stream began is replayed without a parent header; ipyparallel
+    then gave every engine the display id "-stdout", so rank 1's line replaced rank 0's."""
+    code = textwrap.dedent("""
+        from types import SimpleNamespace
+        from ipyparallel.client import asyncresult as ar
+        shown = {}
+        def publish(data, transient=None, update=False, **k):
+            did = transient["display_id"]
+            assert update == (did in shown), (did, update)
+            shown[did] = data["text/plain"]
+        ar.publish_display_data = publish
+        ar.get_ipython = lambda: SimpleNamespace(kernel=object())
+        from course_utils.cluster import pxoutput
+        assert pxoutput.install()
+        result = SimpleNamespace(_already_streamed={})
+        cb = ar.AsyncResult._iopub_streaming_output_callback
+        for eid in (0, 1):   # the replay stream_output() makes of output already in
+            md = {"stdout": f"rank {eid} of 2\\n"}
+            future = SimpleNamespace(msg_id=f"req-{eid}", output=SimpleNamespace(metadata=md))
+            cb(result, eid, future, {"header": {"msg_type": "stream"},
+                                     "content": {"name": "stdout", "text": md["stdout"]}})
+        md["stdout"] += "later\\n"   # engine 1's next line, as the engine sends it
+        cb(result, 1, future, {"header": {"msg_type": "stream"}, "parent_header":
+                               {"msg_id": "req-1"}, "content": {"name": "stdout", "text": "later"}})
+        print(sorted(shown.items()))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=Path(__file__).parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == ("[('req-0-stdout', '[stdout:0] rank 0 of 2\\n'), "
+                                  "('req-1-stdout', '[stdout:1] rank 1 of 2\\nlater\\n')]")
+
+
 # --------------------------------------------------------------------------- kernel
 
 

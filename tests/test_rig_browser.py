@@ -29,6 +29,9 @@ ERROR_CELLS = [
     "class RigError(RuntimeError):\n"
     "    def _render_traceback_(self):\n"
     "        return ['\\x1b[31mRigError\\x1b[0m: the cause', 'Fix: the fix']\n"
+    # The pause lets Run All's later requests reach the kernel first: ipykernel 7 aborts only
+    # the requests queued when the error is handled (one that came later ran, on a busy CI).
+    "import time; time.sleep(1)\n"
     "raise RigError('the cause')",
     'print("never printed")',
 ]

@@ -11,13 +11,20 @@ Introduced in ``00_cluster_tour`` (the ``[rank 0, engine 0]`` labels) and ``03_p
   soon as the results are in, without waiting for the engines' last output messages (they
   come on another socket): a rank's output is then lost now and then (seen in unit 0: one
   rank's line missing).
+- output an engine sent before the cell's stream began is replayed from the result's metadata
+  as messages without a parent header, so every engine's replay gets the same display id
+  (``"-stdout"``): the second engine's display replaces the first's (seen in unit 0, a fast
+  cell on a busy machine: only rank 1's line left), and the engine's later output opens a
+  second display instead of updating its own.
 
 :func:`install` wraps the two module-level functions ipyparallel's output display calls
 (``publish_display_data`` and ``_raw_text`` in ``ipyparallel.client.asyncresult``) and
 ``AsyncResult._display_stream`` (the non-streaming path): labels name the rank (from the
 current cluster's rank map) as well as the engine, and each line shows what a terminal would
-show after its ``\\r`` redraws. It also makes ``AsyncResult.stream_output`` wait (at most
-:data:`OUTPUT_GRACE` seconds) for a finished cell's last output before it stops listening.
+show after its ``\\r`` redraws. A replayed message gets the parent header its engine's own
+messages carry (the request's id), so each engine keeps one display. It also makes
+``AsyncResult.stream_output`` wait (at most :data:`OUTPUT_GRACE` seconds) for a finished
+cell's last output before it stops listening.
 Nothing else changes; without a rank map the labels keep the engine id. The course kernel
 (``dist-training-course``) loads this module as an IPython extension; :func:`install` is
 idempotent and safe to call from ``activate()`` as well.
@@ -103,13 +110,15 @@ def install() -> bool:
     if getattr(ar, _PATCHED_ATTR, False):
         return True
     needed = ("publish_display_data", "_raw_text")
-    methods = ("_display_stream", "stream_output", "wait_for_output", "done")
+    methods = ("_display_stream", "stream_output", "wait_for_output", "done",
+               "_iopub_streaming_output_callback")
     if not all(callable(getattr(ar, n, None)) for n in needed) or not all(
             callable(getattr(ar.AsyncResult, n, None)) for n in methods):
         return False
     publish, raw_text = ar.publish_display_data, ar._raw_text
     display_stream = ar.AsyncResult._display_stream
     stream_output = ar.AsyncResult.stream_output
+    streaming_callback = ar.AsyncResult._iopub_streaming_output_callback
 
     def publish_display_data(data: dict, *args: Any, **kwargs: Any) -> Any:
         text = data.get("text/plain") if isinstance(data, dict) else None
@@ -127,6 +136,11 @@ def install() -> bool:
             prefix = rank_label(m.group(1), eid, rank_of_engine(eid)) + prefix[m.end():]
         return display_stream(self, text, prefix, file)
 
+    def _iopub_streaming_output_callback(self: Any, eid: int, msg_future: Any, msg: dict) -> Any:
+        if not msg.get("parent_header") and getattr(msg_future, "msg_id", None):
+            msg = {**msg, "parent_header": {"msg_id": msg_future.msg_id}}
+        return streaming_callback(self, eid, msg_future, msg)
+
     @contextlib.contextmanager
     def _stream_output(self: Any) -> Iterator[None]:
         with stream_output(self):
@@ -140,6 +154,7 @@ def install() -> bool:
     ar.AsyncResult.stream_output = _stream_output
     ar._raw_text = _raw_text
     ar.AsyncResult._display_stream = _display_stream
+    ar.AsyncResult._iopub_streaming_output_callback = _iopub_streaming_output_callback
     setattr(ar, _PATCHED_ATTR, True)
     return True
 
