@@ -51,6 +51,7 @@ pytestmark = pytest.mark.timeout(1200)
 REPO = Path(__file__).resolve().parents[1]
 PG_TIMEOUT = 6.0  # the collective timeout of the link-down test
 SHAPED_RATE = "500mbit"
+HOOK_RATE = "20mbit"  # the compression test's slow link: a step's bytes then cost time
 
 
 def desc(host, addr, pid=1, gpus=0, node=None):
@@ -426,6 +427,32 @@ def test_unit3_ddp_training_across_hosts_keeps_replicas_equal(cluster):
     assert {r["checksum"] for r in res} == {res[0]["checksum"]}
     assert all(r["replica_spread"] == 0.0 and r["steps"] == 4 for r in res)
     assert {r["rank"] for r in res} == {0, 1, 2, 3}
+
+
+@pytest.mark.timeout(300)
+def test_ddp_compression_hooks_on_the_shaped_link(rig, cluster):
+    """Unit 10's traffic table across the two hosts on a slow link (unit 6's tbf shaping):
+    what the hooks save in bytes (asserted), in step time and accuracy (reported)."""
+    from course_utils.torch_dist import compression
+
+    cu.start_torch()
+    t0 = time.perf_counter()
+    try:
+        rig.shape(rate=HOOK_RATE)
+        rows = [cluster.run(compression.engine_traffic, v, timeout=180)[0]
+                for v in compression.VARIANTS]
+    finally:
+        rig.unshape()
+    print(f"\nunit 10's variants, 40 DDP steps each, 4 ranks on 2 hosts, link shaped to "
+          f"{HOOK_RATE} (tbf), in {time.perf_counter() - t0:.0f} s:\n"
+          + compression.traffic_table(rows))
+    FIGURES["hooks"] = {r["variant"]: {k: r[k] for k in ("sent_per_step", "step_s", "accuracy")}
+                        for r in rows}
+    by = {r["variant"]: r for r in rows}
+    fp32, fp16, psgd = by["fp32, no hook"], by["fp16_compress_hook"], by["PowerSGD rank 1"]
+    assert fp16["sent_per_step"] < 0.6 * fp32["sent_per_step"]
+    assert psgd["sent_per_step"] < fp16["sent_per_step"]
+    assert all(r["accuracy"] > 0.25 for r in rows), rows  # 4 classes: better than chance
 
 
 @pytest.mark.timeout(180)

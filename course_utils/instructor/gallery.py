@@ -184,6 +184,10 @@ def write_index(out: Path, items: list[Item], seconds: float) -> Path:
 UNIT1_CELLS = ("setup-px", "ex1-solution")
 #: Unit 2's: data, broadcast, the original loop (``spread_original``), the step and its driver.
 UNIT2_CELLS = ("data", "bcast", "original", "ex1-solution", "ex1-driver")
+#: Unit 10's: the engines' imports, shard_bounds, ShardedAdam (ZeRO-1) and HandFSDP.
+UNIT10_CELLS = ("engine-imports", "ex1a-solution", "ex1-solution", "ex2-solution")
+#: The strategies of the memory figure, as unit 10 measures them.
+MEMORY_STRATEGIES = ("ddp", "zero1", "zero_torch", "fsdp_hand", "fsdp2")
 
 #: The figures, in the order they are made (name, title).
 FIGURES = [
@@ -197,12 +201,14 @@ FIGURES = [
     ("live_training", "Live training view, final frame (unit 3)"),
     ("per_rank_curves", "Per-rank loss curves (unit 3)"),
     ("replica_divergence", "Replica divergence: original program vs fixed (unit 2)"),
+    ("memory_bars", "Bytes per rank: DDP, ZeRO-1, FSDP by hand and torch's (unit 10)"),
     ("ps_traffic", "Parameter-server traffic per worker and shard (unit 4)"),
     ("ps_staleness", "Staleness, async vs sync (unit 4)"),
     ("ps_step_timeline", "Step timeline per worker, async vs sync (unit 4)"),
     ("ps_placement", "Op placement: the original program vs repaired (unit 4)"),
     ("closure_timeline", "A worker lost: closures failed, put back, retried (unit 5)"),
 ]
+TITLES = dict(FIGURES)
 
 
 def run(outdir: str | Path, ring_ranks: int = 4, tf: bool = True) -> list[Item]:
@@ -257,8 +263,8 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
                                                               cluster=cc))
             return [ring.ring_replay(rp), ring.animation_html(rp)]
 
-        gal.figure("ring_replay", FIGURES[0][1], run, replay)
-        gal.figure("ring_trace", FIGURES[1][1], run.replace("every send", "every message"),
+        gal.figure("ring_replay", TITLES["ring_replay"], run, replay)
+        gal.figure("ring_trace", TITLES["ring_trace"], run.replace("every send", "every message"),
                    lambda: viz.ring_trace(cc.run(p2p.engine_record_ring,
                                                  "ring_all_reduce", 2 * ranks + 1, timeout=60),
                                           f"ring all-reduce on {ranks} ranks, recorded"))
@@ -268,9 +274,9 @@ def _ring_part(gal: Gallery, ranks: int) -> None:
             recs.extend(cc.run(record.engine_record_collectives, timeout=60))
             return cheatsheet.collectives_cheatsheet(recs)
 
-        gal.figure("collectives_cheatsheet", FIGURES[2][1],
+        gal.figure("collectives_cheatsheet", TITLES["collectives_cheatsheet"],
                    f"torch_dist.record.engine_record_collectives on {ranks} gloo ranks", sheet)
-        gal.figure("per_rank_tensors", FIGURES[3][1],
+        gal.figure("per_rank_tensors", TITLES["per_rank_tensors"],
                    f"the cheat sheet's all_reduce on {ranks} ranks",
                    lambda: viz.per_rank_tensors([r["trace"]["all_reduce"][0] for r in recs],
                                                 [r["trace"]["all_reduce"][1] for r in recs],
@@ -302,7 +308,7 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
             bus = {k: bandwidth.busbw(nbytes, s, p) for k, s in times.items()}
             return viz.bandwidth_bars(bus, f"all-reduce of {nbytes >> 20} MiB on {p} ranks")
 
-        gal.figure("bandwidth_bars", FIGURES[4][1],
+        gal.figure("bandwidth_bars", TITLES["bandwidth_bars"],
                    f"01's ring_all_reduce vs dist.all_reduce, 8 MiB float32, {p} ranks, "
                    "median of 5 in turns", bars)
 
@@ -312,7 +318,7 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
             gal.bar.write("cost model: " + viz.describe_fit(fit))
             return viz.cost_model(sw["sizes"], sw["seconds"], p, fit)
 
-        gal.figure("cost_model", FIGURES[5][1],
+        gal.figure("cost_model", TITLES["cost_model"],
                    f"dist.all_reduce (gloo) of 4 B to 4 MiB on {p} ranks, median of 15 each",
                    cost)
 
@@ -321,7 +327,7 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
                                                      timeout=120) for cap in (25.0, 1.0)}
             return viz.ddp_timeline(runs)
 
-        gal.figure("ddp_timeline", FIGURES[6][1],
+        gal.figure("ddp_timeline", TITLES["ddp_timeline"],
                    f"torch.profiler over 3 DDP steps of a 6x512 MLP (6 MiB of gradients), "
                    f"batch 64, gloo, {p} ranks, bucket_cap_mb 25 and 1", timeline)
         rows: list[Any] = []
@@ -332,10 +338,11 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
                                        timeout=120))
             return viz.live.live_training(rows, f"DDP on {p} ranks (final frame)")
 
-        gal.figure("live_training", FIGURES[7][1],
+        gal.figure("live_training", TITLES["live_training"],
                    f"torch_dist.live_log.engine_train_live: 60 DDP steps on the digits, {p} "
                    "ranks, rows published with ipyparallel datapub", live)
-        gal.figure("per_rank_curves", FIGURES[8][1], "the live view's run, loss per rank",
+        gal.figure("per_rank_curves", TITLES["per_rank_curves"],
+                   "the live view's run, loss per rank",
                    lambda: viz.per_rank_curves([[r["loss"] for r in rr] for rr in rows],
                                                "training loss", f"DDP on {p} ranks"))
 
@@ -348,9 +355,24 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
             return viz.replica_divergence({"original: all_reduce(loss) after step()": seed,
                                            "fixed: all_reduce(grad) / p before step()": fixed})
 
-        gal.figure("replica_divergence", FIGURES[9][1],
+        gal.figure("replica_divergence", TITLES["replica_divergence"],
                    f"02's %%px cells (original loop and solution) for 30 steps on {p} ranks",
                    divergence)
+
+        def memory() -> Any:
+            from ..torch_dist import sharding
+
+            nb10 = NOTEBOOKS / "10_sharding_and_memory.ipynb"
+            cc.view.execute(px_code(nb10, UNIT10_CELLS), block=False).get(timeout=120)
+            rows = [r for name in MEMORY_STRATEGIES
+                    for r in cc.run(sharding.engine_memory, name, timeout=120)]
+            gal.bar.write(sharding.memory_table(rows, p))
+            return viz.memory_bars(rows, sharding.LABELS)
+
+        gal.figure("memory_bars", TITLES["memory_bars"],
+                   f"10's ShardedAdam and HandFSDP (the solution cells), ZeroRedundancyOptimizer "
+                   f"and fully_shard: sharding.engine_memory, 2 Adam steps of a 4x64 MLP, gloo, "
+                   f"{p} ranks", memory)
     finally:
         cc.stop(force=True)
 
@@ -376,14 +398,14 @@ def _tf_part(gal: Gallery, cc: Any) -> None:
 
     run4 = (f"04's build_graph and train (solution cells, by id) on 2 workers + 2 ps tasks, "
             f"tf_dist.record.record_ps: {steps} global steps async then sync")
-    gal.figure("ps_traffic", FIGURES[10][1], run4, traffic)
-    gal.figure("ps_staleness", FIGURES[11][1], run4, lambda: pt.staleness(recorded()))
-    gal.figure("ps_step_timeline", FIGURES[12][1], run4,
+    gal.figure("ps_traffic", TITLES["ps_traffic"], run4, traffic)
+    gal.figure("ps_staleness", TITLES["ps_staleness"], run4, lambda: pt.staleness(recorded()))
+    gal.figure("ps_step_timeline", TITLES["ps_step_timeline"], run4,
                lambda: pt.ps_step_timeline(recorded()))
-    gal.figure("ps_placement", FIGURES[13][1],
+    gal.figure("ps_placement", TITLES["ps_placement"],
                "04's original_graph and build_graph, placement of one step's ops on worker 1",
                lambda: pt.placement_diagram(trec.placement(cc, UNIT4_PLACEMENT)))
-    gal.figure("closure_timeline", FIGURES[14][1],
+    gal.figure("closure_timeline", TITLES["closure_timeline"],
                "ParameterServerStrategy, coordinator in this process, 2 workers + 2 ps; 150 "
                "timed closures, rank 1 (worker:1) killed 0.05 s after scheduling them",
                lambda: _lost_worker(cc))
