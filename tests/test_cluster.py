@@ -452,6 +452,41 @@ def test_hung_collective_times_out_and_restart_recovers(cluster):
     assert cluster.pull("rank") == [0, 1]
 
 
+@ipp.interactive
+def rank1_raises_before_the_all_reduce():
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 broke before its all_reduce")
+    dist.all_reduce(torch.ones(1))  # rank 0 waits here for rank 1, which never comes
+    return 1
+
+
+def test_a_rank_that_raises_is_reported_without_waiting_for_the_others(cluster):
+    from course_utils.cluster.stuck_calls import FAIL_FAST_S
+
+    torch_dist.start(cluster)
+    t0 = time.perf_counter()
+    with pytest.raises(EngineError) as err:
+        cluster.run(rank1_raises_before_the_all_reduce, timeout=60)
+    seconds = time.perf_counter() - t0
+    text = str(err.value)
+    print(f"after {seconds:.1f} s: {type(err.value).__name__}: {text}")
+    assert seconds < FAIL_FAST_S + 8, "waited for rank 0's collective timeout"
+    assert "[rank 1] ValueError: rank 1 broke before its all_reduce" in text
+    assert "in rank1_raises_before_the_all_reduce: raise ValueError" in text
+    assert f"rank 0 was still running rank1_raises_before_the_all_reduce() {FAIL_FAST_S:g} s " \
+           "after rank 1 raised" in text
+    assert "rank 0: in all_reduce (torch.distributed)" in text  # from rank 0's stack
+    assert "cu.restart()" in err.value.fix
+    # rank 0 is still in the all_reduce: the next call says so at once, naming the cure
+    with pytest.raises(ProcessGroupGone, match=r"kept running after rank 1 failed"):
+        cluster.run(rank_sum)
+    cu.restart()
+    assert cluster.run(rank_sum) == [3.0, 3.0]
+
+
 def test_stop_leaves_no_engines_and_current_raises():
     cid = f"{CID}-stop"
     cc = cu.start(n=2, cluster_id=cid)

@@ -5,7 +5,7 @@ The class sits unit 0 (the shortest notebook; three graded tests, 6 points). Eac
 expected score is worked out per question from the release's own cells: the question a
 breakage targets scores 0 with its reason, tests that run before it keep their points. The two
 hanging students are graded in a run of their own with a 20 s cell limit (a hang costs the
-limit); the other seven with 30 s, the full-marks student last, after every hostile one, so it
+limit); the other six with 30 s, the full-marks student last, after every hostile one, so it
 also shows that nothing leaks from one student into the next score.
 """
 
@@ -273,8 +273,6 @@ def build_class(course, folder: Path) -> dict[str, dict]:
     untouched = {t: (0.0, why) for t, why in UNTOUCHED.items()}
     dead = r"^EngineError: ranks 0-1 are gone: the engine died"
     students = {
-        # untouched: every test runs on the stubs and fails with the instructor's message
-        "a_untouched": (R(), "ex1-solution", untouched, "graded"),
         # ex1 raises; ex2 is the stub, with the helpers its test calls replaced (in the
         # kernel and on the engines) so that the stub's wrong answer would pass: not run, 0
         "b_raises_and_swaps": (_swap_helpers(_replace_stub(
@@ -302,8 +300,9 @@ def build_class(course, folder: Path) -> dict[str, dict]:
         "f_stops_cluster": (_insert_after(S(), "ex1-solution", "cu.stop(force=True)"),
                             "ex1-solution", None, "graded"),
         # tampering on the untouched release, one student for both kinds (an edited test,
-        # ex1's, and a deleted one, ex2's): the instructor's tests are what runs, so the run is
-        # the untouched release's, cell for cell (checked below), and one run checks both.
+        # ex1's, and a deleted one, ex2's): the instructor's tests are what runs (checked below
+        # against the full-marks student's run), so this student also stands for the release
+        # handed in untouched: every test runs on the stubs and fails with its own message.
         "g_tests_tampered": (_delete(_edit(R(), "ex1-test", "pass"), "ex2-test"),
                              "ex1-test ex2-test", untouched, "graded"),
         "i_malformed_json": (None, "", {t: (0.0, r"^not a valid notebook: NotJSONError")
@@ -355,7 +354,7 @@ with open(sys.argv[5], "wb") as f:
 def graded(course, tmp_path_factory):
     """The class graded in two runs of ``grade()`` at the same time: the two hanging students
     on a copy of the course folder with a short cell limit (a hang costs the limit), in a
-    process of its own, and the other seven with the usual limit, the full-marks student
+    process of its own, and the other six with the usual limit, the full-marks student
     last. Each run has its own course folder, gradebook and clusters."""
     import pickle
 
@@ -431,11 +430,13 @@ def test_hostile_class_scores_exactly_what_each_student_earned(graded):
                    if (g.student, q.question) not in {("g_tests_tampered", "ex1-test"),
                                                       ("g_tests_tampered", "ex2-test"),
                                                       ("b_raises_and_swaps", "ex2-test")})
-    # What ran for the tamperer is exactly what ran for the untouched release.
+    # What ran for the tamperer is what ran for the full-marks student, but for the answers:
+    # every test cell, edited, deleted or not, is the instructor's.
     root = runs[1][0].root / "autograded"
-    ran = {s: [(c.cell_type, c.source) for c in read_nb(root / s / "unit0" / UNIT0).cells]
-           for s in ("a_untouched", "g_tests_tampered")}
-    assert ran["g_tests_tampered"] == ran["a_untouched"]
+    ran = {s: [(c.cell_type, c.source) for c in read_nb(root / s / "unit0" / UNIT0).cells
+               if not nbgrader_meta(c).get("solution")] for s in ("g_tests_tampered", "z_full")}
+    assert ran["g_tests_tampered"] == ran["z_full"]
+    assert sum(1 for t, src in ran["z_full"] if "assert" in src) >= len(UNTOUCHED)
     # Progress: one line per student, then the summary, in each run.
     for result, lines in runs:
         n = len(result.notebooks)

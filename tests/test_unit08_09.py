@@ -45,6 +45,18 @@ def test_a_timed_out_call_names_the_ranks_that_already_returned():
     assert returned_ranks(ranks, [0, 1, 2], "g()") == []
 
 
+def test_ranks_left_running_after_a_rank_raised_are_named_and_recorded():
+    ranks, stuck = rank_map(3), StuckCalls()
+    note = stuck.left_running(ranks, [(10, "m0"), (12, "m2")], "train()", [1], grace=3.0)
+    assert note.startswith("ranks 0, 2 were still running train() 3 s after rank 1 raised")
+    assert note.endswith("a new call would queue behind them")
+    err = stuck.still_stuck({10: {"queue": ["m0"]}}, {10, 11, 12})
+    assert "still stuck in train(), which kept running after rank 1 failed 0 s ago" in str(err)
+    assert stuck.still_stuck({10: {"queue": []}}, {10, 11, 12}) is None and stuck.last is None
+    one = StuckCalls().left_running(ranks, [(10, "m0")], "f()", [1, 2], grace=3.0)
+    assert one.startswith("rank 0 was still running f() 3 s after ranks 1-2 raised")
+
+
 def test_parse_elastic_reads_starts_resumes_crash_and_finish():
     events = faults_timeline.parse_elastic(["noise", *LINES])
     kinds = [(e["kind"], e["attempt"], e["step"]) for e in events]

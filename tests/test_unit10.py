@@ -56,6 +56,15 @@ def test_memory_bars_is_a_figure_of_every_rank_and_strategy():
     assert memory.totals(rows) == {"ddp": 1600.0, "zero1": 1200.0}
 
 
+def test_step_time_line_compares_the_slowest_ranks():
+    rows = {name: [{"step_s": a}, {"step_s": b}] for name, a, b in (
+        ("ddp", 0.001, 0.001), ("zero1", 0.002, 0.003), ("zero_torch", 0.0015, 0.001),
+        ("fsdp_hand", 0.004, 0.002), ("fsdp2", 0.002, 0.002))}
+    assert sharding.step_time_line(rows) == (
+        "step time (slowest rank's median): yours 3.0 ms vs ZeroRedundancyOptimizer 1.5 ms "
+        "(2.00x); HandFSDP 4.0 ms vs fully_shard 2.0 ms (2.00x)")
+
+
 @pytest.mark.timeout(400)
 def test_zero1_solution_passes_on_4_ranks_and_a_mistake_fails():
     sources = [_cell("ex1a-solution"), _cell("ex1-solution")]

@@ -32,7 +32,7 @@ from .engine_errors import engine_error, ipython, show_engine_errors_plainly
 from .failures import rank_list
 from .profiles import ClusterProfile
 from .ranks import RankMap, build_rank_map
-from .stuck_calls import StuckCalls, queued_behind_others, ranks_of
+from .stuck_calls import StuckCalls, first_failures, queued_behind_others, ranks_of
 
 Hook = Callable[["CourseCluster"], Any]
 
@@ -81,7 +81,10 @@ class CourseCluster:
     def _wait(self, ar: Any, timeout: float | None, what: str) -> Any:
         timeout = settings.call_timeout() if timeout is None else timeout
         try:
-            return ar.get(timeout=timeout)
+            failed = first_failures(ar, timeout)
+            if failed:
+                raise self._failed_while_others_run(ar, failed, what) from None
+            return ar.get(timeout=0)
         except ipp.error.TimeoutError:
             pending = controller.pending(ar)
             behind = sharing.behind_others(self.client, [m for _, m in pending])
@@ -94,6 +97,19 @@ class CourseCluster:
             if isinstance(err, ProcessGroupGone):
                 self.flags["pg_broken"] = True
             raise err from exc
+
+    def _failed_while_others_run(self, ar: Any, excs: list[Any], what: str) -> Exception:
+        """The error of the ranks that raised, and which ranks still run the call (recorded:
+        the next call fails at once while they do, instead of queueing behind them)."""
+        err = engine_error(ipp.error.CompositeError(
+            "ranks raised", [(e.ename, e.evalue, e.traceback, e.engine_info) for e in excs]),
+            self.rank_map)
+        if isinstance(err, ProcessGroupGone):
+            self.flags["pg_broken"] = True
+        ranks = ranks_of(self.ranks, [e.engine_info.get("engine_id") for e in excs])
+        note = self._stuck.left_running(self.ranks, controller.pending(ar), what, ranks or [0])
+        return type(err)(f"{err.cause}\n{note}", "if they are still busy, first run cu.restart() "
+                         f"(it replaces the engines and rebuilds the process group); {err.fix}")
 
     def _follow_replaced_engines(self) -> bool:
         """Follow engines another kernel replaced; True when the rank map names live engines.

@@ -1,5 +1,7 @@
 """Calls that did not finish: where each rank is stuck, and refusing calls that would queue
-behind a stuck one.
+behind a stuck one. A call in which one rank raised while the others keep running (waiting for
+it in a collective, or for the chief) is reported after :data:`FAIL_FAST_S`, not after the
+others' own timeouts (:func:`first_failures`).
 
 A rank blocked in a collective answers no call, so :meth:`StuckCalls.where` reads the Python
 stacks the engines dump on a signal (:func:`course_utils.cluster.engine.enable_stack_dump`;
@@ -16,8 +18,30 @@ from typing import Any
 
 from ..errors import ClusterTimeout, ProcessGroupGone
 from ..procs import cmdline
-from . import engine
+from . import controller, engine
+from .failures import rank_list
 from .ranks import RankMap
+
+#: Seconds a call waits for its other ranks once one rank raised: a mistake on every rank
+#: fails on all of them within it; a rank still running after it waits for the failed one.
+FAIL_FAST_S = 3.0
+
+
+def first_failures(ar: Any, timeout: float, grace: float = FAIL_FAST_S) -> list[Exception]:
+    """Wait up to ``timeout`` s for the async result ``ar``. The errors of the parts that
+    raised, when some rank raised and others still ran ``grace`` s later; else [] (all done,
+    or the time is up: ``ar.get`` then says which)."""
+    deadline = time.monotonic() + timeout
+    failed_at = None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or ar.wait(min(0.25, left)):
+            return []
+        failed = controller.failed_parts(ar)
+        if failed and failed_at is None:
+            failed_at = time.monotonic()
+        if failed and time.monotonic() - failed_at >= grace:
+            return failed
 
 
 def is_engine(pid: int) -> bool:
@@ -103,6 +127,24 @@ class StuckCalls:
             "order and with the same shapes",
         )
 
+    def left_running(self, ranks: RankMap, pending: Sequence[tuple[int, str]], what: str,
+                     failed: Sequence[int], grace: float = FAIL_FAST_S) -> str:
+        """Record the ranks still running a call in which ``failed`` ranks raised; the
+        sentence that says so (and where each of them is, from its stack)."""
+        left = ranks_of(ranks, [e for e, _ in pending])
+        where = self.where(ranks, [e for e, _ in pending])
+        self.last = {"ranks": left, "what": what, "since": time.time(),
+                     "why": f"kept running after rank {failed[0]} failed",
+                     "msg_ids": [m for _, m in pending], "where": where}
+        doing = "".join(f"\n  rank {r}: {where[r]}" for r in left if r in where)
+        one = len(left) == 1
+        were, they, them = ("was", "It goes", "it") if one else ("were", "They go", "them")
+        return (f"{rank_list(left)} {were} still running {what} {grace:g} s after "
+                f"{rank_list(failed)} "
+                f"raised (most likely waiting for it: in a collective it never reached, or "
+                f"for the chief){doing}\n{they} on until that wait ends, and a new call would "
+                f"queue behind {them}")
+
     def still_stuck(self, queues: dict[Any, Any], registered: set[int]) -> ProcessGroupGone | None:
         """The error for a new call while ranks still run the call that timed out (it would
         only queue behind it); None (and forgotten) once that call is gone from the queues."""
@@ -117,8 +159,9 @@ class StuckCalls:
         since = time.time() - stuck["since"]
         doing = "".join(f"\n  rank {r}: {w}" for r, w in stuck.get("where", {}).items())
         return ProcessGroupGone(
-            f"ranks {stuck['ranks']} are still stuck in {stuck['what']}, which timed out "
-            f"{since:.0f} s ago{doing}\nEvery new call would queue behind it, and the process "
+            f"ranks {stuck['ranks']} are still stuck in {stuck['what']}, which "
+            f"{stuck.get('why', 'timed out')} {since:.0f} s ago{doing}\nEvery new call would "
+            "queue behind it, and the process "
             "group cannot be used until those ranks are replaced",
             "run cu.restart() (replaces the engines and rebuilds the process group), then "
             "re-run the cell",

@@ -359,22 +359,32 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
                    f"02's %%px cells (original loop and solution) for 30 steps on {p} ranks",
                    divergence)
 
-        def memory() -> Any:
-            from ..torch_dist import sharding
-
-            nb10 = NOTEBOOKS / "10_sharding_and_memory.ipynb"
-            cc.view.execute(px_code(nb10, UNIT10_CELLS), block=False).get(timeout=120)
-            rows = [r for name in MEMORY_STRATEGIES
-                    for r in cc.run(sharding.engine_memory, name, timeout=120)]
-            gal.bar.write(sharding.memory_table(rows, p))
-            return viz.memory_bars(rows, sharding.LABELS)
-
-        gal.figure("memory_bars", TITLES["memory_bars"],
-                   f"10's ShardedAdam and HandFSDP (the solution cells), ZeroRedundancyOptimizer "
-                   f"and fully_shard: sharding.engine_memory, 2 Adam steps of a 4x64 MLP, gloo, "
-                   f"{p} ranks", memory)
+        _memory_figure(gal, cc)
     finally:
         cc.stop(force=True)
+
+
+def _memory_figure(gal: Gallery, cc: Any) -> None:
+    """Unit 10's bytes per rank: the learner's classes (the solution cells) and torch's."""
+    from .. import viz
+    from ..torch_dist import sharding
+
+    p = cc.world_size
+
+    def memory() -> Any:
+        nb10 = NOTEBOOKS / "10_sharding_and_memory.ipynb"
+        cc.view.execute(px_code(nb10, UNIT10_CELLS), block=False).get(timeout=120)
+        by = {name: cc.run(sharding.engine_memory, name, timeout=120)
+              for name in MEMORY_STRATEGIES}
+        rows = [r for name in MEMORY_STRATEGIES for r in by[name]]
+        gal.bar.write(sharding.memory_table([rs[0] for rs in by.values()], p))
+        gal.bar.write(sharding.step_time_line(by))
+        return viz.memory_bars(rows, sharding.LABELS)
+
+    gal.figure("memory_bars", TITLES["memory_bars"],
+               f"10's ShardedAdam and HandFSDP (the solution cells), ZeroRedundancyOptimizer "
+               f"and fully_shard: sharding.engine_memory, 2 Adam steps of a 4x64 MLP, gloo, "
+               f"{p} ranks", memory)
 
 
 def _tf_part(gal: Gallery, cc: Any) -> None:

@@ -244,6 +244,16 @@ def memory_table(rows: list[dict[str, Any]], p: int) -> str:
     return "\n".join(lines)
 
 
+def step_time_line(rows: dict[str, list[dict[str, Any]]]) -> str:
+    """The learner's ZeRO-1 and FSDP step times beside torch's (the slowest rank's median of
+    :func:`engine_memory`'s steps), ``rows`` keyed by strategy as unit 10 collects them."""
+    ms = {name: 1e3 * max(r["step_s"] for r in rs) for name, rs in rows.items()}
+    return (f"step time (slowest rank's median): yours {ms['zero1']:.1f} ms vs "
+            f"ZeroRedundancyOptimizer {ms['zero_torch']:.1f} ms "
+            f"({ms['zero1'] / ms['zero_torch']:.2f}x); HandFSDP {ms['fsdp_hand']:.1f} ms vs "
+            f"fully_shard {ms['fsdp2']:.1f} ms ({ms['fsdp_hand'] / ms['fsdp2']:.2f}x)")
+
+
 #: the collectives a probe counts: name -> bytes one rank sends over a ring, from the call
 RING_SENT = {
     "all_gather_into_tensor": lambda out, inp, p: (p - 1) / p * _nbytes(out),
