@@ -3,10 +3,11 @@ to end on a real cluster.
 
 The class sits unit 0 (the shortest notebook; three graded tests, 6 points). Each student's
 expected score is worked out per question from the release's own cells: the question a
-breakage targets scores 0 with its reason, tests that run before it keep their points. The two
-hanging students are graded in a run of their own with a 20 s cell limit (a hang costs the
-limit); the other six with 30 s, the full-marks student last, after every hostile one, so it
-also shows that nothing leaks from one student into the next score.
+breakage targets scores 0 with its reason, tests that run before it keep their points. The class
+is graded as a workshop's would be, ``--jobs 2`` (two students at once, each job with its own
+clusters) with a 30 s cell limit (a hang costs the limit); the full-marks student comes last,
+after every hostile one, so it also shows that nothing leaks from one student into the next
+score.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import copy
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -134,6 +134,28 @@ def test_kill_marked_ends_exactly_the_marked_processes():
             p.wait(timeout=30)
 
 
+def test_kill_runs_of_ends_every_run_of_one_grader_only():
+    """What a ``--jobs`` job that died leaves: processes of its runs ``grade-<its pid>-<n>``."""
+    from course_utils.instructor.grading_cluster import kill_runs_of
+
+    job = 10**6 + os.getpid() % 1000  # a pid no live job has: only its marks matter
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    runs = [subprocess.Popen(sleeper, env={**os.environ, RUN_MARK: f"grade-{job}-{n}"})
+            for n in (1, 2)]
+    other = subprocess.Popen(sleeper, env={**os.environ, RUN_MARK: f"grade-{job}1-1"})
+    try:
+        deadline = time.monotonic() + 60
+        while len(marked_processes_with_prefix(f"grade-{job}-")) < 2 and \
+                time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sorted(kill_runs_of(job, timeout=30)) == sorted(p.pid for p in runs)
+        assert [p.wait(timeout=30) for p in runs] == [-9, -9] and other.poll() is None
+    finally:
+        for p in (*runs, other):
+            p.kill()
+            p.wait(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
     return release(tmp_path_factory.mktemp("grade") / "course", units=[0])
@@ -248,7 +270,6 @@ UNTOUCHED = {
     "predict-test": r"AssertionError: .*no predicted_after",
     "ex2-test": r"EngineError: .*NotImplementedError: Exercise 2 .* replace this line",
 }
-HANG_CELL_TIMEOUT = 20  # the two hanging students are graded with this cell limit
 HANGS = ("c_infinite_loop", "d_partial_collective")
 
 
@@ -263,7 +284,7 @@ def build_class(course, folder: Path) -> dict[str, dict]:
     R, S = (lambda: copy.deepcopy(released)), (lambda: copy.deepcopy(full))  # noqa: E731
 
     def limit(cell):
-        return rf"NotRun: not run: cell {cell} ran past its {HANG_CELL_TIMEOUT} s limit"
+        return rf"NotRun: not run: cell {cell} ran past its {CELL_TIMEOUT} s limit"
 
     def after(target, nb, later):
         """Tests before ``target`` earn their points; ``later`` gives the rest's reasons."""
@@ -317,7 +338,7 @@ def build_class(course, folder: Path) -> dict[str, dict]:
         "ex1-solution", full, STOPPED), "graded")
     out = {}
     for name, (nb, target, questions, status) in students.items():
-        d = folder / ("hangs" if name in HANGS else "class") / name
+        d = folder / name
         d.mkdir(parents=True)
         if nb is None:
             (d / UNIT0).write_text(nbformat.writes(released)[:2000])  # cut mid-JSON
@@ -334,60 +355,24 @@ STOPPED = {t: r"^RuntimeError: Client cannot be used after its sockets have been
            for t in ("ex1-test", "predict-test", "ex2-test")}
 
 
-#: Grades the hanging students in a process of its own, so that their run (mostly waiting on
-#: the cell limit) overlaps the class run; the result comes back pickled.
-HANG_RUN = """
-import pickle, sys
-from course_utils.instructor.autograde import grade
-lines = []
-def progress(msg):
-    lines.append(msg)
-    print(msg, flush=True)
-res = grade(sys.argv[1], course=sys.argv[2], cell_timeout=int(sys.argv[3]),
-            notebook_timeout=int(sys.argv[4]), progress=progress)
-with open(sys.argv[5], "wb") as f:
-    pickle.dump((res, lines), f)
-"""
+JOBS = 2
 
 
 @pytest.fixture(scope="module")
 def graded(course, tmp_path_factory):
-    """The class graded in two runs of ``grade()`` at the same time: the two hanging students
-    on a copy of the course folder with a short cell limit (a hang costs the limit), in a
-    process of its own, and the other six with the usual limit, the full-marks student
-    last. Each run has its own course folder, gradebook and clusters."""
-    import pickle
-
+    """The class graded by ``grade(..., jobs=2)``, as ``course grade --jobs 2`` does it."""
     folder = tmp_path_factory.mktemp("class")
     expected = build_class(course, folder)
-    hang_course = tmp_path_factory.mktemp("hang-course") / "course"
-    shutil.copytree(course.root, hang_course)
-    out, log = hang_course.parent / "hangs.pickle", hang_course.parent / "hangs.log"
-    t0 = time.perf_counter()
-    with open(log, "w") as sink:  # a file, not a pipe: nbgrader's logging cannot fill it
-        hangs = subprocess.Popen([sys.executable, "-c", HANG_RUN, str(folder / "hangs"),
-                                  str(hang_course), str(HANG_CELL_TIMEOUT),
-                                  str(NOTEBOOK_TIMEOUT), str(out)], stdout=sink,
-                                 stderr=subprocess.STDOUT)
     lines: list[str] = []
 
     def progress(msg: str) -> None:
         lines.append(msg)
         print(msg, flush=True)
 
-    try:
-        class_run = (grade(folder / "class", course=course.root, cell_timeout=CELL_TIMEOUT,
-                           notebook_timeout=NOTEBOOK_TIMEOUT, progress=progress), lines)
-        hangs.wait(timeout=2 * NOTEBOOK_TIMEOUT * len(HANGS))
-    finally:
-        if hangs.poll() is None:
-            hangs.kill()
-    printed = log.read_text()
-    print(printed)
-    assert hangs.returncode == 0 and out.exists(), printed[-3000:]
-    with open(out, "rb") as f:
-        hang_run = pickle.load(f)
-    return [hang_run, class_run], expected, time.perf_counter() - t0, hangs.pid
+    t0 = time.perf_counter()
+    result = grade(folder, course=course.root, cell_timeout=CELL_TIMEOUT,
+                   notebook_timeout=NOTEBOOK_TIMEOUT, progress=progress, jobs=JOBS)
+    return [(result, lines)], expected, time.perf_counter() - t0, result.job_pids
 
 
 def _by_student(runs) -> dict:
@@ -432,7 +417,7 @@ def test_hostile_class_scores_exactly_what_each_student_earned(graded):
                                                       ("b_raises_and_swaps", "ex2-test")})
     # What ran for the tamperer is what ran for the full-marks student, but for the answers:
     # every test cell, edited, deleted or not, is the instructor's.
-    root = runs[1][0].root / "autograded"
+    root = runs[0][0].root / "autograded"
     ran = {s: [(c.cell_type, c.source) for c in read_nb(root / s / "unit0" / UNIT0).cells
                if not nbgrader_meta(c).get("solution")] for s in ("g_tests_tampered", "z_full")}
     assert ran["g_tests_tampered"] == ran["z_full"]
@@ -443,7 +428,7 @@ def test_hostile_class_scores_exactly_what_each_student_earned(graded):
         assert sum(bool(re.match(rf"\[\s*\d+/{n}\]", ln)) for ln in lines) == n
         assert any(ln.startswith(f"graded {n} notebook(s) of {n} student(s)") for ln in lines)
     # The unreadable notebook ran nothing, so it cost no cluster start.
-    assert len(runs[1][0].reset_seconds) == len(runs[1][0].notebooks) - 1
+    assert len(runs[0][0].reset_seconds) == len(runs[0][0].notebooks) - 1
 
 
 def _q(g, gid):
@@ -451,13 +436,19 @@ def _q(g, gid):
 
 
 def test_a_hang_costs_at_most_the_limit_and_nothing_is_left_running(graded):
-    runs, _, _, hang_pid = graded
+    runs, _, seconds, job_pids = graded
     got = _by_student(runs)
     normal = max(g.seconds for g in got.values() if g.student not in HANGS)
     for name in HANGS:  # the notebook's normal time plus one cell limit, never the whole limit
-        assert got[name].seconds < min(NOTEBOOK_TIMEOUT, normal + HANG_CELL_TIMEOUT + 20), (
+        assert got[name].seconds < min(NOTEBOOK_TIMEOUT, normal + CELL_TIMEOUT + 20), (
             name, got[name].seconds, normal)
-    left = [pid for grader in (os.getpid(), hang_pid)
+    # Two jobs, each its own process and clusters, graded at the same time: the class took
+    # less than its notebooks one after the other; the jobs are gone, and all they started.
+    serial = sum(g.seconds for g in got.values())
+    print(f"\n{JOBS} jobs: {seconds:.0f} s for notebooks that took {serial:.0f} s in all")
+    assert len(job_pids) == JOBS and os.getpid() not in job_pids and seconds < serial
+    assert not [p for p in job_pids if procs.pid_alive(p)]
+    left = [pid for grader in (os.getpid(), *job_pids)
             for pid in marked_processes_with_prefix(f"grade-{grader}-")]
     assert not left, f"processes left running after grading: {left}"
 
@@ -481,14 +472,14 @@ def test_grades_csv_and_json_have_a_row_per_student_and_question(graded):
         assert doc["cell_timeout"] == result.cell_timeout and len(doc["students"]) == len(names)
         assert {s["student"]: s["score"] for s in doc["students"]} == {
             s: expected[s]["score"] for s in names}
-    assert [r.cell_timeout for r, _ in runs] == [HANG_CELL_TIMEOUT, CELL_TIMEOUT]
+    assert [r.cell_timeout for r, _ in runs] == [CELL_TIMEOUT]
 
 
 def test_feedback_is_an_offline_html_page_per_graded_student(graded):
     from course_utils.instructor.feedback import feedback
 
     runs, expected, _, _ = graded
-    result = runs[1][0]  # the class run: b_raises_and_swaps and z_full are in it
+    result = runs[0][0]
     done = feedback(result.root, progress=None)
     assert {f.student for f in done} == {g.student for g in result.notebooks} - {
         "i_malformed_json"}

@@ -76,7 +76,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
     res = grade(args.submissions, course=args.course, units=args.unit,
                 cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
-                engines=args.engines)
+                engines=args.engines, jobs=args.jobs)
     print(res.table())
     return 0
 
@@ -121,6 +121,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--notebook-timeout", type=int, default=None,
                    help="seconds per notebook (default: nbgrader_config.py's, 1200)")
     g.add_argument("--engines", type=int, default=None, help="engines per cluster (default 2)")
+    g.add_argument("--jobs", type=int, default=1,
+                   help="students graded at once, each job with its own clusters (default 1); "
+                        "each job needs the cores of one cluster")
 
     f = _add(sub, "feedback", cmd_feedback, "nbgrader HTML feedback per student and unit")
     f.add_argument("course", nargs="?", default=DEFAULT_COURSE,

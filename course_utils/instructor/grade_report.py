@@ -51,6 +51,15 @@ class NotebookGrade:
 
 
 @dataclass
+class Graded:
+    """What one grading run returns: the grades in the class's order, the clusters' start
+    times, and the job processes (``course grade --jobs N``)."""
+    grades: list[NotebookGrade] = field(default_factory=list)
+    resets: list[float] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+
+
+@dataclass
 class ClassGrades:
     root: Path
     notebooks: list[NotebookGrade] = field(default_factory=list)
@@ -58,6 +67,8 @@ class ClassGrades:
     reset_seconds: list[float] = field(default_factory=list)
     cell_timeout: int = 0
     notebook_timeout: int = 0
+    #: the processes of ``course grade --jobs N`` (empty for one job, graded in this process)
+    job_pids: list[int] = field(default_factory=list)
 
     def student(self, name: str) -> list[NotebookGrade]:
         return [g for g in self.notebooks if g.student == name]

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Callable
 
 from .. import procs, settings
 
@@ -28,12 +29,24 @@ def kill_marked(value: str, timeout: float = 5.0) -> list[int]:
     launcher) reaps it: :func:`marked_processes` counts zombies as gone, and nothing here reaps,
     so no owner loses its child's exit status.
     """
-    pids = marked_processes(value)
+    return _kill_all(lambda: marked_processes(value), timeout)
+
+
+def kill_runs_of(grader_pid: int, timeout: float = 5.0) -> list[int]:
+    """SIGKILL every process of every run the grader process ``grader_pid`` started (marks
+    ``grade-<grader_pid>-<n>``): what a ``course grade --jobs N`` job left when it died."""
+    me = os.getpid()
+    return _kill_all(lambda: [p for p in procs.pids_with_environ_prefix(
+        f"{RUN_MARK}=grade-{grader_pid}-") if p != me], timeout)
+
+
+def _kill_all(find: Callable[[], list[int]], timeout: float) -> list[int]:
+    pids = find()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while marked_processes(value) and time.monotonic() < deadline:
+    while find() and time.monotonic() < deadline:
         time.sleep(0.05)
     return pids
 
