@@ -180,6 +180,8 @@ def test_collect_takes_both_layouts_and_says_what_is_missing(course, tmp_path):
     with pytest.raises(GradingError, match="--course"):
         find_course(tmp_path / "flat", None)
     assert find_course(course.root / "submitted", None) == course.root
+    with pytest.raises(GradingError, match="at least one job"):
+        grade(tmp_path / "flat", course=course.root, jobs=0)
 
 
 # ---- the hostile class -----------------------------------------------------------------------
