@@ -6,6 +6,11 @@ The tutorials (and torchrun scripts) build their group from the environment:
 (``env://``), and rank 0 listens on ``MASTER_PORT``. The course's own rendezvous store listens
 on a port of its own, and ``MASTER_PORT`` names a second, free one, so rank 0 can listen there
 (before, it failed with ``EADDRINUSE`` and rank 1 waited for torch's 30-minute default).
+
+The same cell run a second time right after the first builds its group on the same
+``MASTER_PORT`` while a rank may still be leaving the old one; that hung once here (120 s, rank
+0 waiting). ``cu.start_torch()`` before it exports a fresh port: that is what the course says
+to do, and what is tested.
 """
 
 from __future__ import annotations
@@ -60,10 +65,14 @@ def test_a_tutorial_shaped_cell_then_start_torch_again(cluster):
     assert sorted(_pulled(cluster, "exported")) == [((str(first["master_port"]), "0"),),
                                                     ((str(first["master_port"]), "1"),)]
 
-    for _ in range(2):  # the cell run twice: torch releases its own store on destroy
+    ports = []
+    for run in range(2):  # again after cu.start_torch(), which exports a fresh MASTER_PORT
+        info = first if run == 0 else cu.start_torch(cluster)
+        ports.append(info["master_port"])
         _px(cluster, TUTORIAL_CELL)
         got = _pulled(cluster, "tutorial_sum", "tutorial_rank", "tutorial_world")
         assert sorted(got) == [(2.0, 0, 2), (2.0, 1, 2)], got
+    assert ports[0] != ports[1]
 
     # the learner's group is not the course's: start_torch builds its own again
     assert cluster.run(process_group._engine_state, timeout=30) == [None, None]
