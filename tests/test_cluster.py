@@ -473,7 +473,7 @@ def test_a_rank_that_raises_is_reported_without_waiting_for_the_others(cluster):
     seconds = time.perf_counter() - t0
     text = str(err.value)
     print(f"after {seconds:.1f} s: {type(err.value).__name__}: {text}")
-    assert seconds < FAIL_FAST_S + 8, "waited for rank 0's collective timeout"
+    assert seconds < 30, "waited for rank 0's collective timeout (60 s)"  # 4.1 s seen here
     assert "[rank 1] ValueError: rank 1 broke before its all_reduce" in text
     assert "in rank1_raises_before_the_all_reduce: raise ValueError" in text
     assert f"rank 0 was still running rank1_raises_before_the_all_reduce() {FAIL_FAST_S:g} s " \
