@@ -51,7 +51,8 @@ def test_ranks_left_running_after_a_rank_raised_are_named_and_recorded():
     assert note.startswith("ranks 0, 2 were still running train() 3 s after rank 1 raised")
     assert note.endswith("a new call would queue behind them")
     err = stuck.still_stuck({10: {"queue": ["m0"]}}, {10, 11, 12})
-    assert "still stuck in train(), which kept running after rank 1 failed 0 s ago" in str(err)
+    assert "still busy in train(), which kept running after rank 1 failed 0 s ago" in str(err)
+    assert err.fix.startswith("wait until it ends") and "cu.restart()" in err.fix
     assert stuck.still_stuck({10: {"queue": []}}, {10, 11, 12}) is None and stuck.last is None
     one = StuckCalls().left_running(ranks, [(10, "m0")], "f()", [1, 2], grace=3.0)
     assert one.startswith("rank 0 was still running f() 3 s after ranks 1-2 raised")

@@ -158,13 +158,18 @@ class StuckCalls:
             return None
         since = time.time() - stuck["since"]
         doing = "".join(f"\n  rank {r}: {w}" for r, w in stuck.get("where", {}).items())
+        restart = "run cu.restart() (replaces the engines and rebuilds the process group)"
+        if "why" in stuck:  # left running after another rank raised: their wait may end
+            return ProcessGroupGone(
+                f"ranks {stuck['ranks']} are still busy in {stuck['what']}, which "
+                f"{stuck['why']} {since:.0f} s ago{doing}\nEvery new call would queue behind it",
+                f"wait until it ends (a wait with a timeout ends by itself, and calls then go "
+                f"through), or {restart} now; then re-run the cell")
         return ProcessGroupGone(
-            f"ranks {stuck['ranks']} are still stuck in {stuck['what']}, which "
-            f"{stuck.get('why', 'timed out')} {since:.0f} s ago{doing}\nEvery new call would "
-            "queue behind it, and the process "
+            f"ranks {stuck['ranks']} are still stuck in {stuck['what']}, which timed out "
+            f"{since:.0f} s ago{doing}\nEvery new call would queue behind it, and the process "
             "group cannot be used until those ranks are replaced",
-            "run cu.restart() (replaces the engines and rebuilds the process group), then "
-            "re-run the cell",
+            f"{restart}, then re-run the cell",
         )
 
 
