@@ -63,6 +63,7 @@ def run_jobs(root: Path, work: list[tuple[str, str, Path]], jobs: int,
     per_notebook = int(cfg.CourseExecute.get("notebook_timeout", 0) or 1200) + 120
     ctx = multiprocessing.get_context("spawn")
     tasks, results = ctx.Queue(), ctx.Queue()
+    tasks.cancel_join_thread()  # after an error, students nobody took must not hold us at exit
     by_student: dict[str, list[tuple[int, str, str, str]]] = {}
     for i, (student, aid, path) in enumerate(work):
         by_student.setdefault(student, []).append((i, student, aid, str(path)))
