@@ -184,6 +184,28 @@ def test_collect_takes_both_layouts_and_says_what_is_missing(course, tmp_path):
         grade(tmp_path / "flat", course=course.root, jobs=0)
 
 
+def test_jobs_grade_what_one_job_grades_in_the_same_order(course, tmp_path):
+    """``--jobs 2`` against one job, on notebooks nothing of which runs (no cluster starts):
+    the spawned jobs, the shared gradebook and the order of the grades."""
+    released = course.units[0].release.read_text()
+    for student, text in (("ann", released[:1500]), ("ben", "{}"), ("cy", released[:900])):
+        (tmp_path / "class" / student).mkdir(parents=True)
+        (tmp_path / "class" / student / UNIT0).write_text(text)
+
+    def graded(jobs):
+        res = grade(tmp_path / "class", course=course.root, progress=None, jobs=jobs)
+        return res, [(g.student, g.status, g.error, g.score, [(q.question, q.score, q.reason)
+                                                            for q in g.questions])
+                     for g in res.notebooks]
+
+    one, serial = graded(1)
+    two, parallel = graded(2)
+    assert parallel == serial and [row[0] for row in serial] == ["ann", "ben", "cy"]
+    assert all(status == "error" for _, status, *_ in serial), serial
+    assert one.job_pids == [] and len(two.job_pids) == 2
+    assert not [p for p in two.job_pids if procs.pid_alive(p)]
+
+
 # ---- the hostile class -----------------------------------------------------------------------
 # Unit 0's graded cells, in notebook order (from the release itself, never typed in here):
 # solution cells ex1-solution, ex1-leave-solution, predict-solution, ex2-solution and the test
