@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import nbformat
 
 from tests import stress
@@ -43,3 +45,9 @@ def test_the_tally_counts_runs_and_cells(tmp_path, monkeypatch):
     assert tally.cells == {"ex1-test": 2, "lesson": 2}
     assert tally.line().startswith("99_tiny.ipynb [source]: 0/2 runs clean")
     assert len(lines) == 3 and "run 2/2: FAILED ex1-test, lesson" in lines[1]
+    assert tally.now_and_then() == [] and tally.verdict("lesson") == "every run"
+    assert json.loads(json.dumps(tally.as_json()))["cells"] == {"ex1-test": 2, "lesson": 2}
+    tally.cells["lesson"] = 1  # failed in one run of two: what the stress run is for
+    assert tally.now_and_then() == ["lesson"] and tally.verdict("lesson") == "NOW AND THEN"
+    tally.version = "release"
+    assert tally.verdict("ex1-test").startswith("every run (it uses an exercise")
