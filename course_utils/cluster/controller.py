@@ -79,15 +79,6 @@ def pending(ar: Any) -> list[tuple[int, str]]:
     return [(eid, mid) for eid, mid, d in zip(targets, ar.msg_ids, done, strict=False) if not d]
 
 
-def failed_parts(ar: Any) -> list[Exception]:
-    """The errors (``RemoteError``) of the parts of ``ar`` that finished by raising."""
-    try:
-        done = [f.result() for f in ar._children if f.done()]
-    except Exception:
-        return []
-    return [r for r in done if isinstance(r, ipp.error.RemoteError)]
-
-
 def end_polling(engine_set: Any) -> None:
     """End the polling threads of an engine set whose engines are already gone (so that
     nothing signals their pids, which may be reused)."""

@@ -107,7 +107,7 @@ class CourseCluster:
         if isinstance(err, ProcessGroupGone):
             self.flags["pg_broken"] = True
         ranks = ranks_of(self.ranks, [e.engine_info.get("engine_id") for e in excs])
-        note = self._stuck.left_running(self.ranks, controller.pending(ar), what, ranks or [0])
+        note = self._stuck.left_running(self.ranks, controller.pending(ar), what, ranks)
         return type(err)(f"{err.cause}\n{note}", "if they are still busy, first run cu.restart() "
                          f"(it replaces the engines and rebuilds the process group); {err.fix}")
 

@@ -10,6 +10,7 @@ engines on this machine only), and a call's timeout error names each rank's line
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 from ..errors import ClusterTimeout, ProcessGroupGone
 from ..procs import cmdline
-from . import controller, engine
+from . import engine
 from .failures import rank_list
 from .ranks import RankMap
 
@@ -32,16 +33,11 @@ def first_failures(ar: Any, timeout: float, grace: float = FAIL_FAST_S) -> list[
     raised, when some rank raised and others still ran ``grace`` s later; else [] (all done,
     or the time is up: ``ar.get`` then says which)."""
     deadline = time.monotonic() + timeout
-    failed_at = None
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or ar.wait(min(0.25, left)):
-            return []
-        failed = controller.failed_parts(ar)
-        if failed and failed_at is None:
-            failed_at = time.monotonic()
-        if failed and time.monotonic() - failed_at >= grace:
-            return failed
+    done, pending = ar.wait(timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
+    failed = [e for part in done if (e := part.exception()) is not None]
+    if not pending or not failed or ar.wait(min(grace, max(0.0, deadline - time.monotonic()))):
+        return []
+    return failed
 
 
 def is_engine(pid: int) -> bool:
@@ -133,14 +129,14 @@ class StuckCalls:
         sentence that says so (and where each of them is, from its stack)."""
         left = ranks_of(ranks, [e for e, _ in pending])
         where = self.where(ranks, [e for e, _ in pending])
+        who = rank_list(failed) if failed else "a rank"
         self.last = {"ranks": left, "what": what, "since": time.time(),
-                     "why": f"kept running after rank {failed[0]} failed",
+                     "why": f"kept running after {who} failed",
                      "msg_ids": [m for _, m in pending], "where": where}
         doing = "".join(f"\n  rank {r}: {where[r]}" for r in left if r in where)
         one = len(left) == 1
         were, they, them = ("was", "It goes", "it") if one else ("were", "They go", "them")
-        return (f"{rank_list(left)} {were} still running {what} {grace:g} s after "
-                f"{rank_list(failed)} "
+        return (f"{rank_list(left)} {were} still running {what} {grace:g} s after {who} "
                 f"raised (most likely waiting for it: in a collective it never reached, or "
                 f"for the chief){doing}\n{they} on until that wait ends, and a new call would "
                 f"queue behind {them}")

@@ -128,7 +128,8 @@ def grade(submissions: str | Path, course: str | Path | None = None,
     if jobs > 1:
         from .grade_jobs import run_jobs
 
-        graded = run_jobs(root, work, jobs, cell_timeout, notebook_timeout, engines, say)
+        graded = run_jobs(root, work, jobs, cell_timeout, notebook_timeout, engines, say,
+                          notebook_limit=result.notebook_timeout)
         result.job_pids = graded.pids
     else:
         graded = _grade_serially(root, work, cfg, known, engines, say)

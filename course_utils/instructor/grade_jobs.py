@@ -56,11 +56,11 @@ def _job(root: str, limits: tuple[int | None, int | None], engines: int | None,
 
 def run_jobs(root: Path, work: list[tuple[str, str, Path]], jobs: int,
              cell_timeout: int | None, notebook_timeout: int | None, engines: int | None,
-             say: Callable[[str], None]) -> Graded:
+             say: Callable[[str], None], notebook_limit: int = 0) -> Graded:
     """Grade ``work`` (``(student, assignment, path)``, the class's order) in ``jobs``
-    processes; the grades in that order."""
-    cfg = grading_config(root, cell_timeout, notebook_timeout)
-    per_notebook = int(cfg.CourseExecute.get("notebook_timeout", 0) or 1200) + 120
+    processes; the grades in that order. ``notebook_limit``: the configured per-notebook
+    limit (0: none), which bounds the wait for the whole class."""
+    per_notebook = (notebook_limit or 1200) + 120
     ctx = multiprocessing.get_context("spawn")
     tasks, results = ctx.Queue(), ctx.Queue()
     tasks.cancel_join_thread()  # after an error, students nobody took must not hold us at exit
