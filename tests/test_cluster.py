@@ -487,6 +487,52 @@ def test_a_rank_that_raises_is_reported_without_waiting_for_the_others(cluster):
     assert cluster.run(rank_sum) == [3.0, 3.0]
 
 
+def test_a_px_cell_in_which_one_rank_raises_fails_in_seconds(cluster, monkeypatch):
+    """In a real notebook kernel: the learner's typo on rank 1 before an all_reduce. ipyparallel
+    alone waits for rank 0's collective timeout (60 s here), then shows gloo's ``Timed out``
+    above the typo; the course shows rank 1's line and where rank 0 waits within seconds, the
+    next %%px cell says at once that rank 0 is still busy, and ``cu.restart()`` cures it."""
+    import re
+
+    from nbclient import NotebookClient
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    monkeypatch.setenv("COURSE_CLUSTER_ID", CID)  # the kernel joins this test's cluster
+    nb = new_notebook(cells=[
+        new_code_cell("import time\nimport course_utils as cu\ncluster = cu.start()\n"
+                      "cu.start_torch()"),
+        new_code_cell("t0 = time.monotonic()"),
+        new_code_cell("%%px\nimport torch, torch.distributed as dist\nif rank == 1:\n"
+                      "    raise ValueError('typo on rank 1')\ndist.all_reduce(torch.ones(1))"),
+        new_code_cell("print(f'failed after {time.monotonic() - t0:.1f} s')"),
+        new_code_cell("%%px\nprint('next cell on', rank)"),
+        new_code_cell("cu.restart(); cu.start_torch()"),
+        new_code_cell("%%px\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
+                      "dist.all_reduce(t)\nprint('sum', t.item())"),
+    ])
+    NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
+
+    def error(i):
+        err = next(o for o in nb.cells[i].outputs if o.output_type == "error")
+        return err, re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err.traceback))
+
+    err, shown = error(2)
+    took = float(re.search(r"failed after ([\d.]+) s", nb.cells[3].outputs[0].text).group(1))
+    print(f"after {took:.1f} s:\n{shown}")
+    assert took < 30, "waited for rank 0's collective timeout (60 s)"  # 3.2 s seen here
+    assert err.ename == "CompositeError"  # ipyparallel's name, which graders and nbval read
+    assert "[rank 1] ValueError: typo on rank 1" in shown
+    assert re.search(r"Cell In\[\d+\], line 3, in <module>: raise ValueError", shown)
+    assert "rank 0 was still running the %%px cell" in shown
+    assert "rank 0: in all_reduce (torch.distributed)" in shown and "cu.restart()" in shown
+    nxt, shown = error(4)
+    assert nxt.ename == "ProcessGroupGone" and "ranks [0] are still busy in the %%px cell" in shown
+    assert not [o for c in nb.cells[5:] for o in c.outputs if o.output_type == "error"]
+    out = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                  for o in nb.cells[6].outputs)
+    assert out.count("sum 2.0") == 2, out
+
+
 def test_stop_leaves_no_engines_and_current_raises():
     cid = f"{CID}-stop"
     cc = cu.start(n=2, cluster_id=cid)

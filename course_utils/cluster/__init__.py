@@ -16,6 +16,7 @@ Modules, top to bottom:
 - :mod:`.controller`: the ipyparallel internals the course relies on, in one place;
 - :mod:`.cluster_files`: the cluster file and the course file beside it;
 - :mod:`.registry`: this kernel's current cluster; :mod:`.pxoutput`: ``%%px`` output by rank;
+  :mod:`.pxwait`: a ``%%px`` cell in which a rank raised fails in seconds;
 - :mod:`.ranks` (who is rank what), :mod:`.profiles` (local, ssh, slurm), :mod:`.ports`
   (free ports on the host that listens), :mod:`.engine` (what runs *on* an engine: its report
   about itself, its rank, calling a ``%%px``-defined function), :mod:`.slurm_script`.

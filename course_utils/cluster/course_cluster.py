@@ -83,7 +83,7 @@ class CourseCluster:
         try:
             failed = first_failures(ar, timeout)
             if failed:
-                raise self._failed_while_others_run(ar, failed, what) from None
+                raise self.failed_while_others_run(ar, failed, what) from None
             return ar.get(timeout=0)
         except ipp.error.TimeoutError:
             pending = controller.pending(ar)
@@ -98,7 +98,7 @@ class CourseCluster:
                 self.flags["pg_broken"] = True
             raise err from exc
 
-    def _failed_while_others_run(self, ar: Any, excs: list[Any], what: str) -> Exception:
+    def failed_while_others_run(self, ar: Any, excs: list[Any], what: str) -> Exception:
         """The error of the ranks that raised, and which ranks still run the call (recorded:
         the next call fails at once while they do, instead of queueing behind them)."""
         err = engine_error(ipp.error.CompositeError(
@@ -136,7 +136,7 @@ class CourseCluster:
         sharing.sync_engine_sets(self.cluster)
         return True
 
-    def _check_stuck(self) -> None:
+    def check_stuck(self) -> None:
         """Fail at once, naming the cure, while ranks still run a call that timed out or
         when a rank's engine is gone (else ipyparallel answers with a bare ``KeyError: 1``)."""
         self._follow_replaced_engines()
@@ -167,7 +167,7 @@ class CourseCluster:
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float | None = None,
             **kwargs: Any) -> list[Any]:
         """Call ``fn(*args, **kwargs)`` on every rank; results are returned in rank order."""
-        self._check_stuck()
+        self.check_stuck()
         ar = self.client[self.ranks.engine_ids].apply_async(fn, *args, **kwargs)
         return self._wait(ar, timeout, f"{getattr(fn, '__name__', 'call')}()")
 
@@ -179,7 +179,7 @@ class CourseCluster:
                 f"got arguments for {len(args_by_rank)} ranks, the cluster has {self.world_size}",
                 "pass one argument tuple per rank",
             )
-        self._check_stuck()
+        self.check_stuck()
         ars = [self.client[info.engine_id].apply_async(fn, *args)
                for info, args in zip(self.ranks, args_by_rank, strict=True)]
         deadline = time.monotonic() + (settings.call_timeout() if timeout is None else timeout)
@@ -189,7 +189,7 @@ class CourseCluster:
     def run_on(self, rank: int, fn: Callable[..., Any], *args: Any,
                timeout: float | None = None) -> Any:
         """Call ``fn`` on one rank only."""
-        self._check_stuck()
+        self.check_stuck()
         ar = self.client[self.ranks[rank].engine_id].apply_async(fn, *args)
         return self._wait(ar, timeout, f"{getattr(fn, '__name__', 'call')}() on rank {rank}")
 
@@ -202,13 +202,13 @@ class CourseCluster:
 
     def pull(self, name: str, timeout: float | None = None) -> list[Any]:
         """A variable from every rank's ``%%px`` namespace, in rank order."""
-        self._check_stuck()
+        self.check_stuck()
         ar = self.client[self.ranks.engine_ids].pull(name, block=False)
         return self._wait(ar, timeout, f"pull({name!r})")
 
     def push(self, namespace: dict[str, Any], timeout: float | None = None) -> None:
         """Set variables in every rank's ``%%px`` namespace."""
-        self._check_stuck()
+        self.check_stuck()
         ar = self.client[self.ranks.engine_ids].push(namespace, block=False)
         self._wait(ar, timeout, "push()")
 
@@ -309,9 +309,10 @@ class CourseCluster:
         if ip is not None:  # outside IPython there are no magics to register
             self.view.activate()
             # Any kernel (not only the course's kernelspec) labels output by rank: [rank 1, ...]
-            from . import pxoutput
+            from . import pxoutput, pxwait
 
             pxoutput.install()
+            pxwait.install()  # a rank that raised is reported in seconds, not after a timeout
             with contextlib.suppress(Exception):
                 ip.run_line_magic("pxconfig", "--progress-after -1")
             show_engine_errors_plainly(ip)

@@ -14,7 +14,7 @@ from typing import Any
 import ipyparallel as ipp
 
 from ..errors import CourseError, EngineError, ProcessGroupGone
-from . import failures, registry
+from . import failures, pxwait, registry
 from .ranks import RankMap
 
 _DIED = re.compile(r"Engine (\d+) died")
@@ -84,7 +84,8 @@ def show_engine_errors_plainly(ip: Any) -> None:
         if cc is None:
             stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
         else:
-            err = engine_error(value, cc.rank_map)
+            err = pxwait.course_error_of(value) or engine_error(
+                getattr(value, "original_error", value), cc.rank_map)
             if isinstance(err, ProcessGroupGone):
                 cc.flags["pg_broken"] = True
             stb = [f"\x1b[31m{type(err).__name__}\x1b[0m: {err.cause}", f"Fix: {err.fix}"]

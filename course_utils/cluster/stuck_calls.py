@@ -28,11 +28,12 @@ from .ranks import RankMap
 FAIL_FAST_S = 3.0
 
 
-def first_failures(ar: Any, timeout: float, grace: float = FAIL_FAST_S) -> list[Exception]:
-    """Wait up to ``timeout`` s for the async result ``ar``. The errors of the parts that
-    raised, when some rank raised and others still ran ``grace`` s later; else [] (all done,
-    or the time is up: ``ar.get`` then says which)."""
-    deadline = time.monotonic() + timeout
+def first_failures(ar: Any, timeout: float | None,
+                   grace: float = FAIL_FAST_S) -> list[Exception]:
+    """Wait up to ``timeout`` s (None: until done) for the async result ``ar``. The errors of
+    the parts that raised, when some rank raised and others still ran ``grace`` s later; else
+    [] (all done, or the time is up: ``ar.get`` then says which)."""
+    deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
     done, pending = ar.wait(timeout, return_when=concurrent.futures.FIRST_EXCEPTION)
     failed = [e for part in done if (e := part.exception()) is not None]
     if not pending or not failed or ar.wait(min(grace, max(0.0, deadline - time.monotonic()))):
