@@ -6,6 +6,7 @@ Every loader returns plain NumPy arrays so it works on any engine and in either 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -76,6 +77,10 @@ def sklearn_digits(train: bool = True, seed: int = 0) -> ArrayDataset:
                         "upsampled to 3x32x32), not CIFAR-10")
 
 
+#: The folder ``torchvision.datasets.CIFAR10`` extracts its archive to, under ``root``.
+CIFAR10_FOLDER = "cifar-10-batches-py"
+
+
 def cifar10(root: str, train: bool = True, n: int | None = None, download: bool = True,
             seed: int = 0, timeout: float = 30.0) -> ArrayDataset:
     """CIFAR-10 through ``torchvision.datasets.CIFAR10`` or, if that fails, the offline fallback.
@@ -92,6 +97,11 @@ def cifar10(root: str, train: bool = True, n: int | None = None, download: bool 
 
     previous = socket.getdefaulttimeout()
     try:
+        if not download and not (Path(root) / CIFAR10_FOLDER).is_dir():
+            # torchvision would say the same ("Dataset not found or corrupted"), after an
+            # import that costs seconds of CPU on every rank (torchvision pulls in torch._dynamo)
+            raise FileNotFoundError(f"download=False and no local copy in "
+                                    f"{Path(root) / CIFAR10_FOLDER}")
         from torchvision.datasets import CIFAR10
 
         socket.setdefaulttimeout(timeout)

@@ -8,6 +8,8 @@ mistakes learners make live in the catalogue (``tests/mistakes/``, run by
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import ipyparallel as ipp
 import matplotlib
@@ -69,6 +71,22 @@ def test_cifar10_falls_back_without_files(tmp_path):
     assert socket.getdefaulttimeout() == before  # the download timeout is not left behind
     assert ds.name == "sklearn-digits" and len(ds) == 100 and ds.x.shape[1:] == (3, 32, 32)
     assert ds.note.startswith("CIFAR-10 unavailable") and "\n" not in ds.note
+    assert "no local copy" in ds.note and "download=False" in ds.note
+
+
+def test_cifar10_without_a_copy_or_a_download_skips_torchvisions_import(tmp_path):
+    """Every rank but the one that downloads asks with ``download=False``: without a local copy
+    the answer is the fallback, decided before torchvision's import (seconds of CPU a rank).
+    The folder checked is the one torchvision extracts to."""
+    from torchvision.datasets import CIFAR10
+
+    assert data.CIFAR10_FOLDER == CIFAR10.base_folder
+    code = ("import sys\nfrom course_utils import data\n"
+            f"ds = data.cifar10({str(tmp_path / 'none')!r}, n=10, download=False)\n"
+            "print(ds.name, 'torchvision' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()
+    assert out == ["sklearn-digits", "False"]
 
 
 def test_cifar10_reads_a_local_copy(tmp_path, monkeypatch):
