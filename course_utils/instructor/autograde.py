@@ -99,11 +99,13 @@ def collect(submissions: str | Path, root: Path) -> list[tuple[str, str, Path]]:
 def grade(submissions: str | Path, course: str | Path | None = None,
           units: list[int] | None = None, cell_timeout: int | None = None,
           notebook_timeout: int | None = None, engines: int | None = None,
-          progress: Callable[[str], None] | None = print, jobs: int = 1) -> ClassGrades:
+          progress: Callable[[str], None] | None = print, jobs: int = 1,
+          sandbox: bool = False) -> ClassGrades:
     """Autograde every submission under ``submissions`` with nbgrader, one fresh cluster per
     notebook; write ``grades.csv``/``grades.json`` into the course folder and return them.
     ``jobs`` > 1 grades that many students at once, each job with its own clusters
-    (:mod:`.grade_jobs`); the grades are the same, in the same order."""
+    (:mod:`.grade_jobs`); the grades are the same, in the same order. ``sandbox``: each
+    notebook's kernel and the cluster it starts run in a sandbox (:mod:`.sandbox`)."""
     from ..assignments.release import unit_of
 
     say = progress or (lambda _msg: None)
@@ -115,7 +117,7 @@ def grade(submissions: str | Path, course: str | Path | None = None,
     work = collect(submissions, root)
     if units is not None:
         work = [w for w in work if unit_of(w[2]) in units]
-    cfg = grading_config(root, cell_timeout, notebook_timeout)
+    cfg = grading_config(root, cell_timeout, notebook_timeout, sandbox=sandbox)
     result = ClassGrades(root, cell_timeout=int(cfg.CourseExecute.get("timeout", 0) or 0),
                          notebook_timeout=int(cfg.CourseExecute.get("notebook_timeout", 0) or 0))
     known = released_notebooks(root)
@@ -124,15 +126,16 @@ def grade(submissions: str | Path, course: str | Path | None = None,
     say(f"course grade: {len(work)} notebook(s) of {len({w[0] for w in work})} student(s); "
         f"cell limit {result.cell_timeout} s, notebook limit {result.notebook_timeout} s; "
         f"a fresh {engines or settings.default_engines()}-engine cluster for each"
-        + (f"; {jobs} jobs at once" if jobs > 1 else ""))
+        + (f"; {jobs} jobs at once" if jobs > 1 else "")
+        + ("; each in a sandbox" if sandbox else ""))
     if jobs > 1:
         from .grade_jobs import run_jobs
 
         graded = run_jobs(root, work, jobs, cell_timeout, notebook_timeout, engines, say,
-                          notebook_limit=result.notebook_timeout)
+                          notebook_limit=result.notebook_timeout, sandbox=sandbox)
         result.job_pids = graded.pids
     else:
-        graded = _grade_serially(root, work, cfg, known, engines, say)
+        graded = _grade_serially(root, work, cfg, known, engines, say, sandbox)
     result.notebooks, result.reset_seconds = graded.grades, graded.resets
     result.seconds = time.perf_counter() - t_class
     result.write()
@@ -143,9 +146,9 @@ def grade(submissions: str | Path, course: str | Path | None = None,
 
 def _grade_serially(root: Path, work: list[tuple[str, str, Path]], cfg: object,
                     known: dict[str, tuple[str, Path]], engines: int | None,
-                    say: Callable[[str], None]) -> Graded:
+                    say: Callable[[str], None], sandbox: bool = False) -> Graded:
     out = Graded()
-    with GradingCluster(engines=engines) as gc:
+    with GradingCluster(engines=engines, sandbox=sandbox) as gc:
         for i, (student, aid, path) in enumerate(work, start=1):
             g, reset = grade_item(gc, cfg, root, known, student, aid, path)
             out.grades.append(g)

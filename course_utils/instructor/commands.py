@@ -76,7 +76,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
     res = grade(args.submissions, course=args.course, units=args.unit,
                 cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
-                engines=args.engines, jobs=args.jobs)
+                engines=args.engines, jobs=args.jobs, sandbox=args.sandbox)
     print(res.table())
     return 0
 
@@ -124,6 +124,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--jobs", type=int, default=1,
                    help="students graded at once, each job with its own clusters (default 1); "
                         "each job needs the cores of one cluster")
+    g.add_argument("--sandbox", action="store_true",
+                   help="run each notebook's kernel and cluster in a bubblewrap sandbox: an "
+                        "unprivileged user, no network, no gradebook, no other submissions")
 
     f = _add(sub, "feedback", cmd_feedback, "nbgrader HTML feedback per student and unit")
     f.add_argument("course", nargs="?", default=DEFAULT_COURSE,

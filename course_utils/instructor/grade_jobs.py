@@ -35,11 +35,11 @@ BUSY_TIMEOUT_S = 120.0
 
 
 def _job(root: str, limits: tuple[int | None, int | None], engines: int | None,
-         tasks: Any, results: Any) -> None:
+         tasks: Any, results: Any, sandbox: bool = False) -> None:
     """One job: grade the students it takes from ``tasks`` until the ``None`` at the end."""
-    cfg = grading_config(Path(root), *limits, busy_timeout=BUSY_TIMEOUT_S)
+    cfg = grading_config(Path(root), *limits, busy_timeout=BUSY_TIMEOUT_S, sandbox=sandbox)
     known = released_notebooks(Path(root))
-    with GradingCluster(engines=engines) as gc:
+    with GradingCluster(engines=engines, sandbox=sandbox) as gc:
         while (task := tasks.get()) is not None:
             for i, student, aid, path in task:
                 try:
@@ -56,7 +56,8 @@ def _job(root: str, limits: tuple[int | None, int | None], engines: int | None,
 
 def run_jobs(root: Path, work: list[tuple[str, str, Path]], jobs: int,
              cell_timeout: int | None, notebook_timeout: int | None, engines: int | None,
-             say: Callable[[str], None], notebook_limit: int = 0) -> Graded:
+             say: Callable[[str], None], notebook_limit: int = 0,
+             sandbox: bool = False) -> Graded:
     """Grade ``work`` (``(student, assignment, path)``, the class's order) in ``jobs``
     processes; the grades in that order. ``notebook_limit``: the configured per-notebook
     limit (0: none), which bounds the wait for the whole class."""
@@ -72,7 +73,8 @@ def run_jobs(root: Path, work: list[tuple[str, str, Path]], jobs: int,
     for _ in range(jobs):
         tasks.put(None)
     procs = [ctx.Process(target=_job, args=(str(root), (cell_timeout, notebook_timeout),
-                                            engines, tasks, results), name=f"grade-job-{j}")
+                                            engines, tasks, results, sandbox),
+                         name=f"grade-job-{j}")
              for j in range(jobs)]
     for p in procs:
         p.start()

@@ -33,9 +33,11 @@ def released_notebooks(root: Path) -> dict[str, tuple[str, Path]]:
 
 
 def grading_config(root: Path, cell_timeout: int | None = None,
-                   notebook_timeout: int | None = None, busy_timeout: float | None = None):  # noqa: ANN201 - traitlets Config
+                   notebook_timeout: int | None = None, busy_timeout: float | None = None,
+                   sandbox: bool = False):  # noqa: ANN201 - traitlets Config
     """The course folder's nbgrader config with the run's limits. ``busy_timeout``: seconds a
-    writer to ``gradebook.db`` waits for another (parallel jobs) instead of failing on a lock."""
+    writer to ``gradebook.db`` waits for another (parallel jobs) instead of failing on a lock.
+    ``sandbox``: each notebook's kernel starts in :mod:`.sandbox`'s sandbox."""
     cfg = load_config(root)
     if cell_timeout:
         cfg.CourseExecute.timeout = cell_timeout
@@ -43,6 +45,10 @@ def grading_config(root: Path, cell_timeout: int | None = None,
         cfg.CourseExecute.notebook_timeout = notebook_timeout
     if busy_timeout:
         cfg.CourseDirectory.db_url = f"sqlite:///{root / 'gradebook.db'}?timeout={busy_timeout:g}"
+    if sandbox:
+        from .sandbox import configure
+
+        configure(cfg, root)
     return cfg
 
 
@@ -119,6 +125,7 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
         g.error = "nbgrader could not grade it: " + _last_line(res.get("error", ""))
 
     autograded = root / "autograded" / student / aid / path.name
+    g.notes += _sandbox_notes(cfg, autograded.parent)
     by_cell: dict[str, NotebookNode] = {}
     if g.status != "error" and autograded.exists():
         done = nbformat.read(str(autograded), as_version=4)
@@ -162,6 +169,16 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
         g.questions.append(Question(gid, score, pts, reason, note))
     g.score = sum(q.score for q in g.questions)
     return g
+
+
+def _sandbox_notes(cfg: object, folder: Path) -> list[str]:
+    """Under ``--sandbox``: what the notebook graded in ``folder`` tried and was denied."""
+    if "kernel_manager_class" not in cfg.CourseExecute:  # type: ignore[attr-defined]
+        return []
+    from .sandbox import attempts_in, describe
+
+    tried = attempts_in(folder)
+    return [describe(tried)] if tried else []
 
 
 def _last_line(text: str) -> str:

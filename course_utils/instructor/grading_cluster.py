@@ -60,14 +60,17 @@ class GradingCluster:
     small (docs/instructor.md), and a fresh cluster survives a student's ``cu.stop(force=True)``.
     """
 
-    def __init__(self, engines: int | None = None, start_timeout: float | None = None) -> None:
+    def __init__(self, engines: int | None = None, start_timeout: float | None = None,
+                 sandbox: bool = False) -> None:
         self.engines = engines or settings.default_engines()
+        self.sandbox = sandbox  # the notebook's own cu.start() starts it, inside the sandbox
         self.start_timeout = start_timeout
         self.count = 0
         self.cc = None
         self.cluster_id = ""
         self.mark = ""
-        self._saved_env = {k: os.environ.get(k) for k in (settings.ENV_CLUSTER_ID, RUN_MARK)}
+        self._saved_env = {k: os.environ.get(k) for k in (settings.ENV_CLUSTER_ID, RUN_MARK,
+                                                          settings.ENV_ENGINES)}
 
     def restart(self) -> float:
         """End everything of the previous run and have a clean cluster ready; seconds taken."""
@@ -81,6 +84,9 @@ class GradingCluster:
         self.mark = self.cluster_id = f"grade-{os.getpid()}-{self.count}"
         os.environ[RUN_MARK] = self.mark
         os.environ[settings.ENV_CLUSTER_ID] = self.cluster_id
+        if self.sandbox:  # nothing to start here: the sandbox has its own network and processes
+            os.environ[settings.ENV_ENGINES] = str(self.engines)
+            return time.perf_counter() - t0
         self.cc = lifecycle.start(n=self.engines, cluster_id=self.cluster_id,
                                   timeout=self.start_timeout)
         return time.perf_counter() - t0
