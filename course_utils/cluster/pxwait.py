@@ -32,7 +32,7 @@ _PATCHED_ATTR = "_course_pxwait"
 WHAT = "the %%px cell"
 
 
-def px_get(cc: Any, ar: Any) -> list[Exception]:
+def px_get(cc: Any, ar: Any) -> None:
     """Wait for the ``%%px`` result ``ar`` of cluster ``cc``; raise at once if ranks are still
     busy with an earlier cell that failed elsewhere, and a ``CompositeError`` carrying the
     course's error (``course_error``) when some ranks raised while others kept running."""
@@ -41,7 +41,7 @@ def px_get(cc: Any, ar: Any) -> list[Exception]:
     cc.check_stuck()
     failed = first_failures(ar, None)
     if not failed:
-        return []
+        return
     err = cc.failed_while_others_run(ar, failed, WHAT)
     composite = ipp.error.CompositeError(
         "one or more exceptions raised in: %px",

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_client.manager import AsyncKernelManager
-from traitlets import Dict, List, Unicode
+from traitlets import List, Unicode
 
 from ..errors import CourseError
 
@@ -132,7 +132,6 @@ class SandboxedKernelManager(AsyncKernelManager):
 
     hide = List(Unicode(), help="paths the kernel must not see").tag(config=True)
     readable = List(Unicode(), help="paths inside hidden ones it may read").tag(config=True)
-    sandbox_env = Dict(help="extra environment for the kernel").tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
         self.socket_dir = tempfile.mkdtemp(prefix="course-grade-ipc-")
@@ -159,7 +158,7 @@ class SandboxedKernelManager(AsyncKernelManager):
         os.chmod(self.connection_file, 0o644)  # read by the kernel's user; it holds no secret
         readable = [sys.base_prefix, sys.prefix, *self.readable, self.connection_file]
         writable = [self.socket_dir, self.sandbox_cwd]
-        env = {**kept_env(), **self.sandbox_env,
+        env = {**kept_env(),
                "COURSE_SANDBOX_HIDDEN": os.pathsep.join(self.hide),
                "COURSE_SANDBOX_SEEN": os.pathsep.join([*readable, *writable])}
         for i in range(1, len(cmd)):  # ipykernel, with the audit hook of sandbox_kernel first
@@ -173,7 +172,7 @@ class SandboxedKernelManager(AsyncKernelManager):
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
-def configure(cfg: Any, root: Path, hide: tuple[str, ...] = ()) -> None:
+def configure(cfg: Any, root: Path) -> None:
     """Make nbgrader's execution of every notebook under ``cfg`` run sandboxed; ``root`` is the
     course folder (hidden, but for the folder each notebook is graded in)."""
     bwrap()
@@ -183,6 +182,5 @@ def configure(cfg: Any, root: Path, hide: tuple[str, ...] = ()) -> None:
 
     package = str(Path(course_utils.__file__).resolve().parent)
     cfg.CourseExecute.kernel_manager_class = SandboxedKernelManager
-    cfg.SandboxedKernelManager.hide = [str(root), str(NOTEBOOK_DIR), os.path.expanduser("~"),
-                                       *hide]
+    cfg.SandboxedKernelManager.hide = [str(root), str(NOTEBOOK_DIR), os.path.expanduser("~")]
     cfg.SandboxedKernelManager.readable = [package]
