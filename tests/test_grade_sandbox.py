@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import shutil
 import socket
@@ -21,7 +22,7 @@ from course_utils.assignments.release import read_nb, release
 from course_utils.instructor import sandbox
 from course_utils.instructor.autograde import grade
 from course_utils.notebook_cells import nbgrader_meta
-from tests.rigs.common import install_allowed, unavailable
+from tests.rigs.common import apt_install, install_allowed, install_command, unavailable
 
 UNIT0 = "00_cluster_tour.ipynb"
 pytestmark = pytest.mark.timeout(900)
@@ -47,16 +48,11 @@ _try("whoami", lambda: os.getuid() == 65534 or 1 / 0)
 
 
 def _bwrap_or_skip() -> None:
-    if shutil.which("bwrap") is None and install_allowed():
-        import subprocess
-
-        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-        for cmd in (["apt-get", "update", "-q"],
-                    ["apt-get", "install", "-y", "-q", "--no-install-recommends", "bubblewrap"]):
-            subprocess.run(cmd, capture_output=True, timeout=600, env=env)
+    if shutil.which("bwrap") is None and install_allowed() and os.geteuid() == 0:
+        apt_install(["bubblewrap"], timeout=600)
     if shutil.which("bwrap") is None:
         unavailable("bubblewrap (bwrap) is not installed",
-                    "apt-get install -y bubblewrap  # as root")
+                    install_command(["bubblewrap"]) + "  # as root")
 
 
 def _solved(released, source):

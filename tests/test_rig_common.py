@@ -43,3 +43,28 @@ def test_the_rigs_are_one_module_each():
 
     assert not [name for name in sys.modules if name.split(".")[0] == "rigs"]
     assert browser.free_port.__module__ == "course_utils.cluster.ports"
+
+
+def test_every_rig_installs_through_the_one_apt_helper(tmp_path, monkeypatch):
+    # The install lines each rig prints are the helper's; a failing apt-get is a RigError with
+    # its output and the command to run by hand, and no policy-rc.d is left behind.
+    from tests.rigs import common
+
+    assert slurm.INSTALL_COMMAND == common.install_command(slurm.PACKAGES)
+    assert twohosts.INSTALL_CMD == common.install_command(twohosts.OPENSSH_PACKAGES)
+    assert "--no-install-recommends" not in common.install_command(["x"], recommends=True)
+    fake = tmp_path / "apt-get"
+    fake.write_text("#!/bin/sh\necho \"apt saw: $*\"\n"
+                    "[ -e \"$POLICY\" ] && echo policy-present\nexit 3\n")
+    fake.chmod(0o755)
+    policy = tmp_path / "policy-rc.d"
+    monkeypatch.setattr(common, "_POLICY", policy)
+    monkeypatch.setattr(common, "_apt_updated", False)
+    monkeypatch.setenv("POLICY", str(policy))
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    with pytest.raises(RigError) as caught:
+        common.apt_install(["pkg-a"], timeout=30)
+    text = str(caught.value)
+    assert "`apt-get update -q` failed (3)" in text and "policy-present" in text, text
+    assert caught.value.fix == "run by hand as root: " + common.install_command(["pkg-a"])
+    assert not policy.exists()

@@ -50,7 +50,7 @@ import pytest
 
 from course_utils import procs
 from course_utils.cluster.ports import free_port
-from tests.rigs.common import install_allowed, unavailable
+from tests.rigs.common import RigError, apt_install, install_allowed, unavailable
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -67,23 +67,12 @@ RUN_ALL_MENU_COMMAND = "runmenu:run-all"  # Run > Run All Cells
 RUN_ALL_PALETTE_COMMAND = "notebook:run-all-cells"  # the palette's "Run All Cells"
 PAGE_TEXT_CHARS = 3000
 
-_apt_updated = False
-
 
 class PageWaitTimeout(AssertionError):
     """A bounded browser wait ran out; the message carries the page's visible text."""
 
 
 # --------------------------------------------------------------------------- packages
-
-
-def _apt(*args: str, timeout: float) -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    proc = subprocess.run(["apt-get", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"apt-get {' '.join(args)} failed (rc {proc.returncode}):\n"
-                    f"{(proc.stdout + proc.stderr)[-2000:]}", pytrace=False)
 
 
 def require_chromium() -> None:
@@ -99,11 +88,10 @@ def require_chromium() -> None:
     if os.geteuid() != 0:
         unavailable("installing chromium needs root",
                     "apt-get install -y " + " ".join(APT_PACKAGES) + "  # as root")
-    global _apt_updated
-    if not _apt_updated:
-        _apt("update", timeout=300)
-        _apt_updated = True
-    _apt("install", "-y", *APT_PACKAGES, timeout=900)  # recommends bring fonts-liberation
+    try:  # with recommends: they bring fonts-liberation
+        apt_install(APT_PACKAGES, recommends=True)
+    except RigError as exc:
+        pytest.fail(str(exc), pytrace=False)
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
         pytest.fail(f"apt-get installed {APT_PACKAGES} but {CHROMIUM} or {CHROMEDRIVER} is missing",
                     pytrace=False)

@@ -1,5 +1,6 @@
-"""What the test rigs (two hosts, Slurm, Chromium) share: their errors, and the one decision
-about a missing piece (a package, root, a kernel feature).
+"""What the test rigs (two hosts, Slurm, Chromium, the grading sandbox) share: their errors, the
+one decision about a missing piece (a package, root, a kernel feature), and the one way they
+install Debian packages (:func:`apt_install`).
 
 Under ``CI=true`` (any case) every rig must run, so a missing piece fails the test. Elsewhere
 it skips, naming the one command that enables it; ``COURSE_TEST_INSTALL=1`` (or CI) lets a
@@ -8,7 +9,9 @@ rig install its system packages itself (as root)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 INSTALL_FLAG = "COURSE_TEST_INSTALL=1"
@@ -47,3 +50,47 @@ def unavailable(reason: str, enable: str = "") -> NoReturn:
     if in_ci():
         pytest.fail(f"CI must run every rig: {reason}", pytrace=False)
     pytest.skip(f"{reason}. Enable: {enable}" if enable else reason)
+
+
+_POLICY = Path("/usr/sbin/policy-rc.d")
+_apt_updated = False
+
+
+def install_command(packages: Sequence[str], recommends: bool = False) -> str:
+    """The shell line (as root) that installs ``packages`` the way :func:`apt_install` does."""
+    extra = "" if recommends else "--no-install-recommends "
+    return ("apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+            + extra + " ".join(packages))
+
+
+def apt_install(packages: Sequence[str], recommends: bool = False,
+                timeout: float = 900.0) -> None:
+    """``apt-get install`` ``packages`` (after one ``apt-get update`` per process), starting no
+    service: a temporary ``/usr/sbin/policy-rc.d`` (exit 101) keeps package scripts from
+    starting daemons (sshd on port 22, slurmctld), so installing opens no port here.
+
+    Call it only where :func:`install_allowed` and as root. Raises :class:`RigError` with
+    apt's output and the command to run by hand when a step fails.
+    """
+    global _apt_updated
+    made = not _POLICY.exists()
+    if made:
+        _POLICY.write_text("#!/bin/sh\n# course test rig: start no services while installing\n"
+                           "exit 101\n")
+        _POLICY.chmod(0o755)
+    steps = [] if _apt_updated else [["apt-get", "update", "-q"]]
+    steps.append(["apt-get", "install", "-y", "-q", "-o", "DPkg::Lock::Timeout=300",
+                  *([] if recommends else ["--no-install-recommends"]), *packages])
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        for argv in steps:
+            done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                                  timeout=timeout, check=False)
+            if done.returncode != 0:
+                raise RigError(f"`{' '.join(argv)}` failed ({done.returncode}):\n"
+                               f"{(done.stdout + done.stderr)[-2000:]}",
+                               f"run by hand as root: {install_command(packages, recommends)}")
+            _apt_updated = _apt_updated or argv[1] == "update"
+    finally:
+        if made:
+            _POLICY.unlink(missing_ok=True)

@@ -55,7 +55,14 @@ import pytest
 
 from course_utils import procs
 from course_utils.cluster.ports import free_port
-from tests.rigs.common import RigError, RigUnavailable, install_allowed, unavailable
+from tests.rigs.common import (
+    RigError,
+    RigUnavailable,
+    apt_install,
+    install_allowed,
+    install_command,
+    unavailable,
+)
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 """Debian packages the rig needs."""
@@ -64,8 +71,7 @@ BINARIES = ("munged", "munge", "slurmctld", "slurmd", "sinfo", "srun", "sbatch",
             "scancel", "scontrol")
 """Programs the rig runs; one missing means the packages are missing."""
 
-INSTALL_COMMAND = ("apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y "
-                   "--no-install-recommends " + " ".join(PACKAGES))
+INSTALL_COMMAND = install_command(PACKAGES)
 """What to run (as root) to get the packages."""
 
 BASE = Path(tempfile.gettempdir()) / "course-slurm-rig"
@@ -115,16 +121,7 @@ def ensure_packages(timeout: float = 900.0) -> None:
     if not install_allowed():
         raise RigUnavailable(f"SLURM rig: {', '.join(missing)} not installed. Enable: "
                              f"{INSTALL_COMMAND}  # as root")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for cmd in (["apt-get", "update", "-q"],
-                ["apt-get", "install", "-y", "-q", "--no-install-recommends",
-                 "-o", "DPkg::Lock::Timeout=300", *PACKAGES]):
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                              check=False)
-        if done.returncode != 0:
-            raise RigError(f"`{' '.join(cmd)}` failed ({done.returncode}):\n"
-                           f"{done.stdout[-2000:]}{done.stderr[-2000:]}",
-                           f"run by hand as root: {INSTALL_COMMAND}")
+    apt_install(PACKAGES, timeout=timeout)
     still = missing_programs()
     if still:
         raise RigError(f"after installing {' '.join(PACKAGES)}, still missing: {still}",

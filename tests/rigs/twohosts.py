@@ -46,7 +46,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course_utils import procs
-from tests.rigs.common import RigError, RigUnavailable, install_allowed, unavailable
+from tests.rigs.common import (
+    RigError,
+    RigUnavailable,
+    apt_install,
+    install_allowed,
+    install_command,
+    unavailable,
+)
 
 PREFIX = "crig"  # every namespace, link and work directory of a rig starts with this
 SUPERNET = ipaddress.ip_network("10.213.0.0/16")  # /24 subnets handed out from here
@@ -55,10 +62,8 @@ SSHD = "/usr/sbin/sshd"
 SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 PRIVSEP_DIR = Path("/run/sshd")
 LOCK_FILE = Path("/run/lock/course-rig.lock")
-INSTALL_CMD = (
-    "apt-get update && DEBIAN_FRONTEND=noninteractive "
-    "apt-get install -y --no-install-recommends openssh-server openssh-client"
-)
+OPENSSH_PACKAGES = ("openssh-server", "openssh-client")
+INSTALL_CMD = install_command(OPENSSH_PACKAGES)
 _RUN_RE = re.compile(rf"^{PREFIX}([0-9a-f]+)_(\d+)")
 _seq = 0
 
@@ -131,32 +136,12 @@ def _lock() -> Iterator[None]:
 
 
 def install_openssh(timeout: float = 600) -> None:
-    """``apt-get install openssh-server`` without starting the system's sshd on port 22.
-
-    A temporary ``/usr/sbin/policy-rc.d`` (exit 101) keeps the package scripts from starting
-    the daemon, so installing opens no port on this machine.
-    """
-    policy = Path("/usr/sbin/policy-rc.d")
-    made = not policy.exists()
-    if made:
-        policy.write_text("#!/bin/sh\n# course test rig: start no services while installing\n"
-                          "exit 101\n")
-        policy.chmod(0o755)
+    """``apt-get install openssh-server`` without starting the system's sshd on port 22
+    (:func:`tests.rigs.common.apt_install` starts no service)."""
     try:
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for argv in (
-            ["apt-get", "update", "-qq"],
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-             "openssh-server", "openssh-client"],
-        ):
-            cp = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-            if cp.returncode != 0:
-                raise RigUnavailable(
-                    f"{' '.join(argv)} failed ({cp.returncode}): {cp.stderr.strip()[-800:]}"
-                )
-    finally:
-        if made:
-            policy.unlink(missing_ok=True)
+        apt_install(OPENSSH_PACKAGES, timeout=timeout)
+    except RigError as exc:
+        raise RigUnavailable(exc.cause, exc.fix) from None
 
 
 def prerequisites(install: bool | None = None) -> str | None:
