@@ -23,7 +23,7 @@ import pytest
 
 import course_utils as cu
 from course_utils import cli, procs
-from course_utils.cluster import engine, lifecycle, ports, slurm
+from course_utils.cluster import engine, lifecycle, ports, slurm, slurm_queue
 from course_utils.cluster.launching import cluster_kwargs
 from course_utils.cluster.profiles import (
     ClusterProfile,
@@ -219,7 +219,7 @@ def test_engines_problem_ignores_clusters_without_slurm():
     class NoSlurm:  # what the hook reads of an ipyparallel Cluster: its engine sets
         engines: dict = {}
 
-    assert slurm.engines_problem(NoSlurm(), 0, 2, timed_out=True) is None
+    assert slurm_queue.engines_problem(NoSlurm(), 0, 2, timed_out=True) is None
 
 
 # ---- what engines report, and the rank map ---------------------------------------------------

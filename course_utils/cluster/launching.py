@@ -20,7 +20,7 @@ import ipyparallel as ipp
 
 from .. import settings
 from ..errors import CourseError, EnginesDidNotStart
-from . import engine, slurm
+from . import engine, slurm, slurm_queue
 from .cluster_files import course_file_of, owner_only, profile_dir, remove_stale
 from .profiles import ClusterProfile
 from .sharing import adopt_recorded_engines
@@ -205,8 +205,8 @@ def wait_for_engines(cl: ipp.Cluster, client: ipp.Client, n: int, timeout: float
         fresh = [e for e in client.ids if e not in exclude]
         if len(fresh) >= n:
             return
-        # Hook: a Slurm job stuck in the queue or ended says so itself (cluster/slurm.py).
-        stuck = slurm.engines_problem(cl, len(fresh), n, time.monotonic() > deadline)
+        # Hook: a Slurm job stuck in the queue or ended says so itself (cluster/slurm_queue.py).
+        stuck = slurm_queue.engines_problem(cl, len(fresh), n, time.monotonic() > deadline)
         if stuck is not None:
             stop_cluster(cl)
             raise stuck

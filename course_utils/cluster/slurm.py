@@ -8,8 +8,9 @@ per engine, ``srun`` starts them, each engine reports ``SLURM_PROCID`` / ``SLURM
 (:func:`course_utils.cluster.ranks.slurm_rank_map`: rank = ``SLURM_PROCID``).
 ``cu.stop()`` cancels the job (``scancel``).
 
-While ``cu.start()`` waits for the engines, :func:`engines_problem` asks Slurm about the job
-(``scontrol``, at most every :data:`POLL_S` seconds) and turns what it hears into a
+While ``cu.start()`` waits for the engines,
+:func:`course_utils.cluster.slurm_queue.engines_problem` asks Slurm about the job (``scontrol``,
+at most every :data:`POLL_S` seconds) and :func:`job_error` turns what it hears into a
 :class:`SlurmJobError` naming the job id, its state and Slurm's reason, with a Fix line:
 
 * a job pending for a reason that cannot clear by waiting (:data:`NEVER_STARTS`, e.g.
@@ -38,7 +39,6 @@ from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 from ..errors import CourseError, EnginesDidNotStart
 
 if TYPE_CHECKING:
-    import ipyparallel as ipp
 
     from .profiles import ClusterProfile, SlurmSpec
 
@@ -335,32 +335,4 @@ def job_error(status: JobStatus, registered: int, n: int, waited: float,
             f"{registered} of {n} engines registered in {waited:.0f} s",
             "the nodes must reach the controller at the profile's controller_ip; the job's "
             f"output is in {status.fields.get('StdOut', '?')}")
-    return None
-
-
-_last_poll: dict[str, float] = {}
-
-
-def _slurm_engine_sets(cl: ipp.Cluster) -> list[SlurmEngines]:
-    return [es for es in cl.engines.values()
-            if isinstance(es, SlurmEngineSetLauncher) and es.job_id and es.state != "after"]
-
-
-def engines_problem(cl: ipp.Cluster, registered: int, n: int, timed_out: bool
-                    ) -> SlurmJobError | None:
-    """Hook of the wait for engines (cluster/launching.py): the error to raise for a Slurm job
-    stuck in the queue or ended, None to keep waiting (and for clusters without Slurm).
-
-    Looks at each job at most every :data:`POLL_S` seconds, and always once timed out.
-    """
-    for es in _slurm_engine_sets(cl):
-        now = time.monotonic()
-        if not timed_out and now - _last_poll.get(es.job_id, 0.0) < POLL_S:
-            continue
-        _last_poll[es.job_id] = now
-        submitted = getattr(es, "submitted_at", None)
-        waited = now - submitted if submitted is not None else 0.0
-        problem = job_error(job_status(es.job_id), registered, n, waited, timed_out)
-        if problem is not None:
-            return problem
     return None

@@ -5,6 +5,8 @@
                              [--notebook-timeout S] [--engines N]
     course feedback [COURSE] [--unit N ...] [--student NAME ...]
     course slides [--unit N ...] [--out DIR] [--execute] [--write-metadata]
+    course workshop FILE [--out DIR] [--course DIR]
+    course workshop check FILE [--token TOKEN]
 
 Each is a thin face over a library function of the same name in this package; nbgrader and
 nbconvert are imported only when a command runs. :func:`_add` sets up what every one of them
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -105,8 +108,34 @@ def cmd_slides(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_workshop(args: argparse.Namespace) -> int:
+    from ..workshop.plan import load_workshop
+
+    if args.file == "check":  # `course workshop check FILE`
+        if not args.rest:
+            raise CourseError("`course workshop check` needs the workshop file",
+                              "course workshop check workshop.toml")
+        from ..workshop.check import find_token, run_checks, summary
+
+        token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN") or find_token(args.out)
+        lines = run_checks(load_workshop(args.rest[0]), token=token)
+        print(f"course workshop check: {summary(lines)}")
+        return 1 if any(line.status == "FAIL" for line in lines) else 0
+    if args.rest:
+        raise CourseError(f"unexpected arguments {args.rest}",
+                          "course workshop FILE [--out DIR], or course workshop check FILE")
+    from ..workshop.render import next_steps, write_workshop
+
+    ws = load_workshop(args.file)
+    written = write_workshop(ws, Path(args.out), Path(args.course) / "release")
+    print("course workshop: wrote " + ", ".join(str(p) for p in written.values()))
+    print(next_steps(ws, written))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``release``, ``grade``, ``feedback`` and ``slides`` to the ``course`` parser."""
+    """Add ``release``, ``grade``, ``feedback``, ``slides`` and ``workshop`` to the ``course``
+    parser."""
     r = _add(sub, "release", cmd_release, "student version of every unit, as an nbgrader course",
              notebooks=True)
     r.add_argument("outdir", help="course folder to create or refresh (e.g. course/)")
@@ -140,3 +169,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run each notebook first (fresh cluster) so decks show outputs")
     s.add_argument("--write-metadata", action="store_true",
                    help="store the derived slide structure in the notebooks instead")
+
+    w = _add(sub, "workshop", cmd_workshop, "a workshop file -> the hub's config, Slurm's GRES "
+             "lines and the learners' profile; `course workshop check FILE` checks it all",
+             units=False)
+    w.add_argument("file", help="the workshop file (workshops/example.toml), or `check`")
+    w.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    w.add_argument("--out", default="workshop", help="where the files go (default: workshop/)")
+    w.add_argument("--course", default=DEFAULT_COURSE,
+                   help=f"the course folder of `course release` (default: {DEFAULT_COURSE}/); "
+                        "each learner starts with a copy of its release/")
+    w.add_argument("--token", default=None,
+                   help="check: a hub API token that may start labs (default: "
+                        "$JUPYTERHUB_API_TOKEN, else the one `course workshop` wrote in --out)")

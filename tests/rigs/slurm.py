@@ -43,6 +43,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -296,17 +297,22 @@ class SlurmRig:
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     accounting: bool = False
     """No accounting storage: ``sacct`` says "Slurm accounting storage is disabled"."""
+    gpus: int = 0
+    """Fake GPUs per node (GRES ``gpu``): character devices ``mknod``-made under ``dev/<node>/``."""
     _down: bool = False
 
     # -- building -----------------------------------------------------------------------------
 
     @classmethod
     def start(cls, cpus: int = 2, partition: str = "debug", timeout: float = 30.0,
-              hosts: object | None = None) -> SlurmRig:
+              hosts: object | None = None, gpus: int = 0) -> SlurmRig:
         """Start munged, slurmctld and slurmd in a fresh directory; wait until the node is idle.
 
         ``hosts``: a built ``TwoHostRig`` (tests/rigs/twohosts.py); then there is one node per
         host (``rig-a`` ...), each with ``cpus`` CPUs and its slurmd in the host's namespace.
+        ``gpus``: fake GPUs per node as GRES (``Gres=gpu:N``; gres.conf ``File=`` lines name
+        character devices made with ``mknod``, major 195 as NVIDIA's; ``AutoDetect=off``). Slurm
+        hands them out and sets ``CUDA_VISIBLE_DEVICES``; without cgroups nothing enforces it.
         Cleans leftovers of crashed runs first. On any failure everything made is removed and a
         :class:`RigError` with the daemons' log tails is raised.
         """
@@ -334,7 +340,7 @@ class SlurmRig:
         conf = root / "slurm.conf"
         rig = cls(root=root, conf=conf, partition=partition, node=node, cpus=cpus,
                   ctld_port=ctld_port, slurmd_port=slurmd_port, env={"SLURM_CONF": str(conf)},
-                  nodes=nodes, ctld_addr=ctld_addr)
+                  nodes=nodes, ctld_addr=ctld_addr, gpus=gpus)
         atexit.register(rig.teardown)
         try:
             rig._write_files()
@@ -351,9 +357,13 @@ class SlurmRig:
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
         (self.root / "plugstack.conf").write_text("")
+        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
         node_lines = "\n".join(
             f"NodeName={name} NodeAddr={addr} NodeHostname={name if netns else _short_hostname()} "
-            f"CPUs={self.cpus} State=UNKNOWN" for name, (netns, addr) in self.nodes.items())
+            f"CPUs={self.cpus}{gres} State=UNKNOWN" for name, (netns, addr) in self.nodes.items())
+        if self.gpus:
+            node_lines = "GresTypes=gpu\n" + node_lines
+            self._make_gpus()
         if any(netns for netns, _ in self.nodes.values()):
             # Each namespaced node gets this as its /etc/hosts (see _start_daemons).
             (self.root / "hosts").write_text("127.0.0.1 localhost\n" + "".join(
@@ -367,6 +377,17 @@ class SlurmRig:
             communication=communication,
             ctld_port=self.ctld_port, slurmd_port=self.slurmd_port, node_lines=node_lines,
             node_list=",".join(self.nodes), partition=self.partition))
+
+    def _make_gpus(self) -> None:
+        lines = ["AutoDetect=off"]
+        for name in self.nodes:
+            folder = self.root / "dev" / name
+            folder.mkdir(parents=True)
+            for i in range(self.gpus):
+                os.mknod(folder / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(195, i))
+            files = f"nvidia[0-{self.gpus - 1}]" if self.gpus > 1 else "nvidia0"
+            lines.append(f"NodeName={name} Name=gpu File={folder / files}")
+        (self.root / "gres.conf").write_text("\n".join(lines) + "\n")
 
     def _spawn(self, name: str, cmd: list[str]) -> None:
         env = dict(self.client_env(), **{MARKER: str(self.root)})

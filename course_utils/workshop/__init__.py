@@ -1,0 +1,4 @@
+"""A workshop of many learners on GPU hosts: the workshop file (:mod:`.plan`), the files it
+turns into (:mod:`.render`), the hub's hook that gives each learner their own working folder
+(:mod:`.hub`) and ``course workshop check`` (:mod:`.check`). The instructor's side only: no
+notebook imports it (docs/instructor.md, "A workshop on two GPU hosts")."""

@@ -1,0 +1,259 @@
+"""``course workshop check FILE``: the workshop's doctor. One line per check, each failure with
+its fix, every check bounded in time; exit 0 only when nothing failed.
+
+In order: Slurm answers; every host of the file is a node that is up; each node's GRES is what
+the file says; the partition holds every host; a test learner's ranks (one Slurm step with the
+learner's request) land on every host with distinct GPUs; the hub answers; and, given an admin
+API token (``--token`` or ``$JUPYTERHUB_API_TOKEN``), a test learner's lab spawns through the
+hub's REST API and is stopped again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..cluster.slurm import SlurmError, parse_job, run_command
+from .plan import Workshop
+from .render import CHECK_TOKEN_FILE
+
+SPAWN_TIMEOUT_S = 90.0
+STEP_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class Line:
+    name: str
+    status: str        # PASS, FAIL or SKIP
+    detail: str
+    fix: str = ""
+
+    def text(self) -> str:
+        out = f"[{self.status}] {self.name}: {self.detail}"
+        return out + (f" -> fix: {self.fix}" if self.status == "FAIL" and self.fix else "")
+
+
+def _records(kind: str) -> dict[str, dict[str, str]]:
+    """``scontrol -o show <kind>`` as name -> fields."""
+    text = run_command(["scontrol", "-o", "show", kind], timeout=15)
+    key = {"node": "NodeName", "partition": "PartitionName"}[kind]
+    out = {}
+    for line in text.splitlines():
+        fields = parse_job(line).fields
+        if key in fields:
+            out[fields[key]] = fields
+    return out
+
+
+def check_slurm(ws: Workshop) -> Line:
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # scontrol would retry for a minute
+        return Line("slurm", "FAIL", f"SLURM_CONF names {conf}, which does not exist",
+                    "point SLURM_CONF at the cluster's slurm.conf, or unset it")
+    try:
+        said = run_command(["scontrol", "ping"], timeout=15, check=False).strip()
+    except SlurmError as exc:
+        return Line("slurm", "FAIL", _one_line(exc.cause), exc.fix)
+    ok = " is UP" in said
+    return Line("slurm", "PASS" if ok else "FAIL", _one_line(said) or "no answer",
+                "start slurmctld on the head host (and check SlurmctldHost/SlurmctldPort in "
+                "slurm.conf); `scontrol ping` must say UP")
+
+
+def check_nodes(ws: Workshop) -> Line:
+    nodes = _records("node")
+    missing = [h.name for h in ws.hosts if h.name not in nodes]
+    if missing:
+        return Line("nodes", "FAIL", f"{missing} are not Slurm nodes (Slurm has {sorted(nodes)})",
+                    "merge slurm-workshop.conf into slurm.conf and restart slurmctld")
+    bad = {h.name: nodes[h.name].get("State", "?") for h in ws.hosts
+           if re.search(r"DOWN|DRAIN|FAIL|NOT_RESPONDING", nodes[h.name].get("State", ""))}
+    if bad:
+        return Line("nodes", "FAIL", f"not usable: {bad}",
+                    "start slurmd on those hosts; `scontrol update nodename=<n> state=resume`")
+    states = ", ".join(f"{h.name} {nodes[h.name].get('State', '?')}" for h in ws.hosts)
+    return Line("nodes", "PASS", states)
+
+
+def _gres_counts(gres: str) -> dict[str, int]:
+    """``gpu:2(S:0),shard:4`` -> {'gpu': 2, 'shard': 4}."""
+    return {m[0]: int(m[1]) for m in re.findall(r"(gpu|shard)(?::[\w-]+)*:(\d+)", gres)}
+
+
+def check_gres(ws: Workshop) -> Line:
+    nodes = _records("node")
+    wrong = []
+    for h in ws.hosts:
+        have = _gres_counts(nodes.get(h.name, {}).get("Gres", ""))
+        want = {"gpu": h.gpus, **({"shard": h.gpus * ws.shards_per_gpu} if ws.shared else {})}
+        if any(have.get(k, 0) != v for k, v in want.items()):
+            wrong.append(f"{h.name} has {have or 'none'}, the file says {want}")
+    if wrong:
+        return Line("gres", "FAIL", "; ".join(wrong),
+                    "make slurm.conf's Gres= and gres.conf match the workshop file (run "
+                    "`course workshop` again and merge its files), then restart slurmd there")
+    return Line("gres", "PASS", ", ".join(f"{h.name} gpu:{h.gpus}" for h in ws.hosts))
+
+
+def check_partition(ws: Workshop) -> Line:
+    parts = _records("partition")
+    if ws.partition not in parts:
+        return Line("partition", "FAIL", f"no partition {ws.partition!r} (Slurm has "
+                    f"{sorted(parts)})", "add the PartitionName line of slurm-workshop.conf")
+    listed = parts[ws.partition].get("Nodes", "")
+    expanded = run_command(["scontrol", "show", "hostnames", listed], timeout=15).split()
+    missing = [h.name for h in ws.hosts if h.name not in expanded]
+    if missing:
+        return Line("partition", "FAIL", f"{ws.partition} lacks {missing}",
+                    f"list every host in PartitionName={ws.partition} Nodes=...")
+    return Line("partition", "PASS", f"{ws.partition}: {listed}, "
+                f"state {parts[ws.partition].get('State', '?')}")
+
+
+def learner_step(ws: Workshop) -> list[str]:
+    """The ``srun`` of one test learner's request: one task per GPU on every host."""
+    cmd = ["srun", f"--partition={ws.partition}", f"--nodes={len(ws.hosts)}",
+           f"--ntasks-per-node={ws.gpus_per_learner}", "--time=1",
+           f"--immediate={STEP_TIMEOUT_S // 2}", "--job-name=course-workshop-check"]
+    if ws.shared:
+        cmd.append(f"--gres=shard:{ws.gpus_per_learner}")
+    else:
+        cmd.append("--gpus-per-task=1")
+    if ws.reservation:
+        cmd.append(f"--reservation={ws.reservation}")
+    return cmd + ["sh", "-c", 'echo "rank-of $SLURMD_NODENAME ${CUDA_VISIBLE_DEVICES:-none}"']
+
+
+def check_learner_ranks(ws: Workshop) -> Line:
+    try:
+        out = run_command(learner_step(ws), timeout=STEP_TIMEOUT_S)
+    except SlurmError as exc:
+        return Line("a learner's ranks", "FAIL", _one_line(exc.cause), exc.fix)
+    seen: dict[str, list[str]] = defaultdict(list)
+    for line in out.splitlines():
+        if line.startswith("rank-of "):
+            _, node, gpus = line.split(maxsplit=2)
+            seen[node].append(gpus)
+    where = ", ".join(f"{n}: GPUs {g}" for n, g in sorted(seen.items()))
+    problems = [f"no rank on {h.name}" for h in ws.hosts
+                if len(seen.get(h.name, [])) != ws.gpus_per_learner]
+    for node, gpus in seen.items():
+        if "none" in gpus:
+            problems.append(f"a rank on {node} got no GPU")
+        elif not ws.shared and len(set(gpus)) != len(gpus):
+            problems.append(f"ranks on {node} share GPU(s) {gpus}")
+    if problems:
+        return Line("a learner's ranks", "FAIL", f"{'; '.join(problems)} ({where})",
+                    "check GresTypes=gpu and the gres.conf File= lines on each host")
+    return Line("a learner's ranks", "PASS", where)
+
+
+def _hub(ws: Workshop, path: str, token: str = "", method: str = "GET",
+         timeout: float = 5.0) -> tuple[int, dict]:
+    req = urllib.request.Request(ws.hub_url + "/hub/api" + path, method=method,
+                                 headers={"Authorization": f"token {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read()
+            return resp.status, json.loads(body) if body.strip() else {}
+    except urllib.error.HTTPError as exc:
+        return exc.code, {}
+
+
+def check_hub(ws: Workshop) -> Line:
+    try:
+        code, body = _hub(ws, "")
+    except OSError as exc:
+        return Line("hub", "FAIL", f"{ws.hub_url} does not answer ({exc})",
+                    f"start it on {ws.hub.name}: jupyterhub -f <out>/jupyterhub_config.py")
+    if code != 200 or "version" not in body:
+        return Line("hub", "FAIL", f"{ws.hub_url}/hub/api answered {code}",
+                    "is this JupyterHub? check the hub's port in the workshop file")
+    return Line("hub", "PASS", f"JupyterHub {body['version']} at {ws.hub_url}")
+
+
+def check_spawn(ws: Workshop, token: str, user: str | None = None,
+                timeout: float = SPAWN_TIMEOUT_S) -> Line:
+    name = "a learner spawns"
+    if not token:
+        return Line(name, "SKIP", "no hub token: run `course workshop` first (it writes one), "
+                    "or give --token")
+    user = user or ws.learners[0]
+    t0 = time.monotonic()
+    try:
+        code, _ = _hub(ws, f"/users/{user}/server", token, "POST")
+        if code not in (201, 202, 400):  # 400: already running
+            return Line(name, "FAIL", f"the hub answered {code} to starting {user}'s lab",
+                        "the token must be an admin's (jupyterhub token <admin>)")
+        while time.monotonic() - t0 < timeout:
+            _, model = _hub(ws, f"/users/{user}", token)
+            if (model.get("servers", {}).get("", {}) or {}).get("ready"):
+                _hub(ws, f"/users/{user}/server", token, "DELETE")
+                return Line(name, "PASS", f"{user}'s lab was ready in {time.monotonic() - t0:.1f} s"
+                            " (stopped again)")
+            time.sleep(0.5)
+    except OSError as exc:
+        return Line(name, "FAIL", f"the hub stopped answering ({exc})", "read the hub's log")
+    return Line(name, "FAIL", f"{user}'s lab was not ready within {timeout:.0f} s",
+                "read the hub's log; is the learner an OS user of the hub host?")
+
+
+CHECKS: tuple[Callable[[Workshop], Line], ...] = (
+    check_slurm, check_nodes, check_gres, check_partition, check_learner_ranks, check_hub)
+NAMES = {check_slurm: "slurm", check_nodes: "nodes", check_gres: "gres",
+         check_partition: "partition", check_learner_ranks: "a learner's ranks",
+         check_hub: "hub"}
+
+
+def _one_line(text: str) -> str:
+    """A Slurm client's error in one line: its first line and, if more, its last."""
+    lines = [line.strip() for line in text.strip().splitlines() if re.search(r"\w", line)]
+    return lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+
+
+def summary(lines: list[Line]) -> str:
+    counts = {s: sum(1 for line in lines if line.status == s) for s in ("PASS", "SKIP", "FAIL")}
+    return (f"{counts['PASS']} passed, {counts['SKIP']} skipped, {counts['FAIL']} failed "
+            f"(of {len(lines)} checks)")
+
+
+def find_token(out: str | os.PathLike[str]) -> str:
+    """The check service's token that ``course workshop`` wrote under ``out``, or ""."""
+    try:
+        return (Path(out) / CHECK_TOKEN_FILE).read_text().strip()
+    except OSError:
+        return ""
+
+
+def run_checks(ws: Workshop, token: str | None = None, emit: Callable[[str], None] = print
+               ) -> list[Line]:
+    """Every check in order; Slurm's later checks are skipped when Slurm does not answer.
+    ``token``: the hub API token that may start a learner's lab (default
+    ``$JUPYTERHUB_API_TOKEN``)."""
+    token = os.environ.get("JUPYTERHUB_API_TOKEN", "") if token is None else token
+    lines: list[Line] = []
+    for check in CHECKS:
+        name = NAMES[check]
+        if lines and lines[0].status == "FAIL" and check is not check_hub:
+            line = Line(name, "SKIP", "Slurm does not answer")
+        else:
+            try:
+                line = check(ws)
+            except SlurmError as exc:
+                line = Line(name, "FAIL", _one_line(exc.cause), exc.fix)
+        lines.append(line)
+        emit(line.text())
+    hub_ok = lines[-1].status == "PASS"
+    spawn = check_spawn(ws, token) if hub_ok else Line("a learner spawns", "SKIP",
+                                                        "the hub does not answer")
+    lines.append(spawn)
+    emit(spawn.text())
+    return lines

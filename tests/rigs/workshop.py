@@ -1,0 +1,128 @@
+"""The workshop rig: the two simulated hosts (tests/rigs/twohosts.py), a Slurm cluster with one
+``slurmd`` in each and fake GPUs as GRES (tests/rigs/slurm.py, ``gpus=``), and real OS users
+for the learners, every part removed afterwards (also when a test fails).
+
+The learners are OS users named ``cw<pid>-<name>`` (so two runs never share one), made with
+``useradd -m`` and removed with ``userdel -r``; leftovers of a crashed run are removed the next
+time (:func:`remove_stale_users`). The JupyterHub part of issue 23's rig is not built yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from course_utils.workshop.plan import Workshop, workshop_from_dict
+from tests.rigs.common import RigError
+from tests.rigs.slurm import SlurmRig
+
+USER_PREFIX = "cw"
+GPUS_PER_HOST = 2
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_users() -> list[str]:
+    """Remove the learners of rigs whose process is gone; their names."""
+    gone = []
+    for entry in pwd.getpwall():
+        m = re.match(rf"^{USER_PREFIX}(\d+)-", entry.pw_name)
+        if m and not _pid_alive(int(m[1])):
+            subprocess.run(["userdel", "-r", "-f", entry.pw_name], capture_output=True,
+                           check=False, timeout=30)
+            gone.append(entry.pw_name)
+    return gone
+
+
+@contextlib.contextmanager
+def os_users(names: Sequence[str]) -> Iterator[list[str]]:
+    """OS users for ``names`` (``cw<pid>-<name>``), with homes; removed on exit."""
+    if shutil.which("useradd") is None:
+        raise RigError("useradd is missing", "apt-get install -y passwd")
+    remove_stale_users()
+    made: list[str] = []
+    try:
+        for name in names:
+            user = f"{USER_PREFIX}{os.getpid()}-{name}"
+            done = subprocess.run(["useradd", "-m", "-s", "/bin/sh", user],
+                                  capture_output=True, text=True, timeout=30, check=False)
+            if done.returncode != 0:
+                raise RigError(f"useradd {user} failed: {done.stderr.strip()}")
+            made.append(user)
+        yield made
+    finally:
+        for user in made:
+            subprocess.run(["userdel", "-r", "-f", user], capture_output=True, check=False,
+                           timeout=30)
+
+
+@dataclass
+class WorkshopRig:
+    """A built rig: the Slurm cluster over the two hosts and the learners' users."""
+
+    slurm: SlurmRig
+    learners: list[str]
+    hosts: object = None
+    """The two-host rig (tests/rigs/twohosts.py) the nodes run in."""
+    jobs: list[str] = field(default_factory=list)
+
+    def workshop(self, **overrides: object) -> Workshop:
+        """The workshop file that describes this rig (``overrides`` change it)."""
+        data: dict = {"learners": self.learners, "partition": self.slurm.partition,
+                      "time": "10", "hosts": [
+                          {"name": n, "address": a, "gpus": GPUS_PER_HOST}
+                          for n, (_, a) in self.slurm.nodes.items()]}
+        data.update(overrides)
+        return workshop_from_dict(data)
+
+    def submit_as(self, user: str, ws: Workshop, seconds: int = 300) -> str:
+        """A job of ``user`` with a learner's request (one GPU on every host); its id."""
+        cmd = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.slurm.conf}", "sbatch",
+               "--parsable", f"--partition={ws.partition}", f"--nodes={len(ws.hosts)}",
+               f"--ntasks-per-node={ws.gpus_per_learner}", "--gpus-per-task=1", "--time=5",
+               f"--chdir={pwd.getpwnam(user).pw_dir}", "--output=%x-%j.out",
+               "--job-name=learner-engines",
+               "--wrap", f"srun sh -c 'echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES'; "
+                         f"sleep {seconds}"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False,
+                              env=self.slurm.client_env())
+        if done.returncode != 0:
+            raise RigError(f"sbatch as {user} failed: {done.stderr.strip()}")
+        job = done.stdout.strip().split(";")[0]
+        self.jobs.append(job)
+        return job
+
+    def cancel_all(self) -> None:
+        if self.jobs:
+            self.slurm.run(["scancel", *self.jobs], check=False)
+            self.jobs.clear()
+
+
+@contextlib.contextmanager
+def workshop_rig(hosts: object, learners: Sequence[str] = ("ann", "ben", "cat")
+                 ) -> Iterator[WorkshopRig]:
+    """Slurm with :data:`GPUS_PER_HOST` fake GPUs on each of ``hosts`` and OS users."""
+    slurm = SlurmRig.start(cpus=4, hosts=hosts, gpus=GPUS_PER_HOST)
+    try:
+        with os_users(learners) as users, slurm.activated():
+            rig = WorkshopRig(slurm, users, hosts)
+            try:
+                yield rig
+            finally:
+                rig.cancel_all()
+    finally:
+        slurm.teardown()

@@ -1,0 +1,320 @@
+"""The workshop (issue 23): the workshop file, the files ``course workshop`` writes from it, the
+queue message, and ``course workshop check`` on a real Slurm cluster over the two simulated
+hosts with fake GPUs and real OS users (tests/rigs/workshop.py)."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import stat
+import time
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+from course_utils.cli import main as course
+from course_utils.cluster import slurm_queue
+from course_utils.cluster.ports import free_port
+from course_utils.cluster.profiles import load_profile
+from course_utils.cluster.slurm import job_status, parse_job
+from course_utils.workshop import check, hub, render
+from course_utils.workshop.plan import WorkshopError, load_workshop, workshop_from_dict
+from tests.rigs import slurm as rigs_slurm
+
+EXAMPLE = Path(__file__).parents[1] / "workshops" / "example.toml"
+
+
+def _hosts(*gpus: int) -> list[dict]:
+    return [{"name": f"gpu{i + 1}", "address": f"10.0.0.{i + 1}", "gpus": g}
+            for i, g in enumerate(gpus)]
+
+
+# ---- the workshop file ----------------------------------------------------------------------
+def test_the_example_file_reads_and_says_how_many_learners_fit():
+    ws = load_workshop(EXAMPLE)
+    assert [h.name for h in ws.hosts] == ["gpu1", "gpu2"] and ws.hub.name == "gpu1"
+    assert ws.learners == ("alice", "bob", "carol", "dave", "erin")
+    assert (ws.capacity, ws.queued, ws.ranks_per_learner) == (8, 0, 2)
+    crowded = workshop_from_dict({"learners": 20, "gpus_per_learner": 2, "hosts": _hosts(8, 6)})
+    assert crowded.learners[0] == "learner01" and len(crowded.learners) == 20
+    assert (crowded.capacity, crowded.queued, crowded.ranks_per_learner) == (3, 17, 4)
+    shared = workshop_from_dict({"learners": 20, "shards_per_gpu": 2, "hosts": _hosts(8, 8)})
+    assert (shared.capacity, shared.queued) == (16, 4)
+
+
+@pytest.mark.parametrize("data, cause, fix", [
+    ({"learners": 3}, "names no [[hosts]]", "[[hosts]]"),
+    ({"learners": 3, "hosts": [{"name": "a", "address": "gpu-one", "gpus": 1}]},
+     "is not an IP address", "address on the workshop's interface"),
+    ({"learners": 3, "hosts": [{"name": "a", "address": "10.0.0.1", "gpus": 0}]},
+     "`gpus` must be 1 or more", "nvidia-smi -L"),
+    ({"learners": 3, "gpus_per_learner": 3, "hosts": _hosts(2, 8)},
+     "fewer GPUs than one learner needs", "shards_per_gpu"),
+    ({"learners": ["Alice Smith"], "hosts": _hosts(1)}, "not valid user names", "OS user"),
+    ({"learners": ["ann", "ann"], "hosts": _hosts(1)}, "named twice", "once"),
+    ({"hosts": _hosts(1)}, "`learners` is None", "a count"),
+    ({"learners": 2, "hosts": _hosts(1), "hub": {"host": "gpu9"}}, "not one of the [[hosts]]",
+     "gpu1"),
+    ({"learners": 2, "hosts": _hosts(1), "time": "4 hours"}, "not a Slurm time", "HH:MM:SS"),
+    ({"learners": 2, "hosts": [{"name": "a", "address": "10.0.0.1", "gpus": 1, "gpu": 2}]},
+     "unknown key(s) ['gpu']", "name, address, gpus"),
+])
+def test_a_wrong_workshop_file_names_the_key_and_the_fix(data, cause, fix):
+    with pytest.raises(WorkshopError) as caught:
+        workshop_from_dict(data)
+    assert cause in caught.value.cause and fix in caught.value.fix, caught.value
+
+
+def test_a_missing_or_broken_file_says_so(tmp_path):
+    with pytest.raises(WorkshopError, match="cannot read the workshop file"):
+        load_workshop(tmp_path / "nope.toml")
+    (tmp_path / "bad.toml").write_text("learners = [\n")
+    with pytest.raises(WorkshopError, match="not valid TOML"):
+        load_workshop(tmp_path / "bad.toml")
+
+
+# ---- what `course workshop` writes ----------------------------------------------------------
+def test_course_workshop_writes_slurm_gres_profile_and_a_hub_config_that_loads(tmp_path, capsys):
+    assert course(["workshop", str(EXAMPLE), "--out", str(tmp_path / "out"),
+                   "--course", str(tmp_path / "course")]) == 0
+    said = capsys.readouterr().out
+    assert "learners at once: 5 of 5 (GPUs for 8)" in said and "course workshop check" in said
+    out = tmp_path / "out"
+    conf = (out / "slurm-workshop.conf").read_text()
+    assert "GresTypes=gpu\n" in conf and "SelectType=select/cons_tres" in conf
+    assert "NodeName=gpu2 NodeAddr=10.0.0.2 CPUs=32 Gres=gpu:8 State=UNKNOWN" in conf
+    assert "PartitionName=workshop Nodes=gpu1,gpu2 MaxTime=04:00:00 State=UP" in conf
+    assert "NodeName=gpu1 Name=gpu File=/dev/nvidia[0-7]" in (out / "gres.conf").read_text()
+    prof = load_profile(out / "learner-profile.toml")
+    assert (prof.launcher, prof.engines, prof.controller_ip, prof.socket_ifname) == (
+        "slurm", 2, "10.0.0.1", "eth1")
+    assert (prof.slurm.partition, prof.slurm.nodes, prof.slurm.gpus_per_engine) == (
+        "workshop", 2, 1)
+    assert "--ntasks-per-node=1" in prof.slurm.options
+    token = out / render.CHECK_TOKEN_FILE
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and len(token.read_text().strip()) == 64
+    c = Config()
+    exec(compile((out / "jupyterhub_config.py").read_text(), "jupyterhub_config.py", "exec"),
+         {"get_config": lambda: c})
+    assert c.JupyterHub.bind_url == "http://10.0.0.1:8000"
+    assert c.JupyterHub.hub_bind_url.startswith("http://127.0.0.1:")  # the rest on loopback
+    assert c.ConfigurableHTTPProxy.api_url.startswith("http://127.0.0.1:")
+    assert c.Authenticator.allowed_users == ["alice", "bob", "carol", "dave", "erin"]
+    assert c.Spawner.environment["COURSE_PROFILE"] == str((out / "learner-profile.toml").resolve())
+    assert c.JupyterHub.services[0]["api_token"] == token.read_text().strip()
+    assert check.find_token(out) == token.read_text().strip()
+    assert callable(c.Spawner.pre_spawn_hook)
+
+
+def test_shared_gpus_become_shard_gres():
+    ws = workshop_from_dict({"learners": 9, "shards_per_gpu": 2, "hosts": _hosts(2, 2)})
+    assert "GresTypes=gpu,shard" in render.slurm_lines(ws)
+    assert "Gres=gpu:2,shard:4" in render.slurm_lines(ws)
+    assert "NodeName=gpu1 Name=shard Count=4" in render.gres_conf(ws)
+    assert '"--gres=shard:1"' in render.learner_profile(ws)
+    assert "gpus_per_engine = 0" in render.learner_profile(ws)
+    assert "--gres=shard:1" in check.learner_step(ws)
+
+
+def test_course_workshop_reports_a_bad_file_without_a_traceback(tmp_path, capsys):
+    (tmp_path / "w.toml").write_text("learners = 2\n")
+    assert course(["workshop", str(tmp_path / "w.toml"), "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "course workshop: the file names no [[hosts]]" in err and "Fix:" in err
+    assert "Traceback" not in err
+
+
+# ---- the queue message ----------------------------------------------------------------------
+RECORDS = [
+    "JobId=41 JobName=learner-engines UserId=ann(1001) GroupId=ann(1001) JobState=RUNNING "
+    "Reason=None Partition=debug RunTime=00:12:03 TimeLimit=01:00:00 "
+    "StartTime=2026-12-02T10:00:00 EndTime=2026-12-02T11:00:00 NodeList=rig-a,rig-b "
+    "NumNodes=2 NumTasks=4 TRES=cpu=4,node=2,billing=4 TresPerTask=gres:gpu:1",
+    "JobId=42 JobName=learner-engines UserId=ben(1002) GroupId=ben(1002) JobState=RUNNING "
+    "Reason=None Partition=debug RunTime=00:02:00 TimeLimit=00:30:00 "
+    "StartTime=2026-12-02T10:10:00 EndTime=2026-12-02T10:40:00 NodeList=rig-a,rig-b "
+    "AllocTRES=cpu=2,node=2,billing=2,gres/gpu=2",
+    "JobId=43 JobName=other UserId=zed(1009) JobState=RUNNING Reason=None Partition=debug "
+    "RunTime=00:01:00 EndTime=2026-12-02T10:20:00 NodeList=rig-a AllocTRES=cpu=1,node=1",
+    "JobId=44 JobName=learner-engines UserId=cat(1003) JobState=PENDING Reason=Resources "
+    "Partition=debug TRES=cpu=2,node=2,billing=2,gres/gpu=2",
+    "JobId=45 JobName=learner-engines UserId=dan(1004) JobState=PENDING Reason=Priority "
+    "Partition=debug TRES=cpu=2,node=2,billing=2,gres/gpu=2",
+]
+
+
+def test_a_queued_learner_is_told_who_holds_which_gpus_and_how_long():
+    jobs = [parse_job(r) for r in RECORDS]
+    msg = slurm_queue.queue_message(jobs[4], jobs, now=datetime(2026, 12, 2, 10, 14, 3))
+    print(msg)
+    lines = msg.splitlines()
+    assert lines[0] == ("Your engines wait in Slurm's queue: job 45, reason Priority, number 2 "
+                        "in line for partition debug.")
+    # soonest to end first; the job without GPUs (zed) is not a holder
+    assert lines[2] == ("  ben  job 42: 2 GPUs on rig-a,rig-b, running 00:02:00, "
+                        "at most 0:25:57 left")
+    assert lines[3] == ("  ann  job 41: 4 GPUs on rig-a,rig-b, running 00:12:03, "
+                        "at most 0:45:57 left")
+    assert "zed" not in msg and "within 0:25:57" in lines[4] and "cu.stop()" in lines[4]
+    assert "No running job holds GPUs" in slurm_queue.queue_message(jobs[3], jobs[2:])
+
+
+# ---- on the rig: Slurm over the two hosts, fake GPUs, OS users -------------------------------
+@pytest.fixture(scope="module")
+def rig():
+    from tests.rigs.twohosts import rig_or_skip
+    from tests.rigs.workshop import workshop_rig
+
+    rigs_slurm.require_rig()
+    with rig_or_skip(sshd=False) as hosts, workshop_rig(hosts) as built:
+        yield built
+
+
+def _lines(ws, **kw):
+    said: list[str] = []
+    lines = check.run_checks(ws, token="", emit=said.append, **kw)
+    print("\n".join(said))
+    return {line.name: line for line in lines}
+
+
+def test_workshop_check_passes_on_the_good_rig_in_seconds(rig):
+    t0 = time.monotonic()
+    lines = _lines(rig.workshop())
+    took = time.monotonic() - t0
+    print(f"workshop check took {took:.1f} s")
+    for name in ("slurm", "nodes", "gres", "partition", "a learner's ranks"):
+        assert lines[name].status == "PASS", lines[name]
+    assert re.fullmatch(r"rig-a: GPUs \['\d'\], rig-b: GPUs \['\d'\]",
+                        lines["a learner's ranks"].detail)
+    # No hub runs on this rig: the check says so with the fix, and skips the spawn.
+    assert lines["hub"].status == "FAIL" and "jupyterhub -f" in lines["hub"].fix
+    assert lines["a learner spawns"].status == "SKIP"
+    assert took < 60, took  # bounded: every Slurm call has its timeout
+
+
+def test_workshop_check_names_each_fault_and_its_fix(rig, monkeypatch):
+    more = rig.workshop(hosts=[{"name": n, "address": a, "gpus": 8}
+                               for n, (_, a) in rig.slurm.nodes.items()])
+    gres = _lines(more)["gres"]
+    assert gres.status == "FAIL" and "rig-a has {'gpu': 2}, the file says {'gpu': 8}" in gres.detail
+    assert "gres.conf" in gres.fix
+    part = _lines(rig.workshop(partition="gpus"))["partition"]
+    assert part.status == "FAIL" and "no partition 'gpus'" in part.detail
+    assert "PartitionName" in part.fix
+    renamed = rig.workshop(hosts=[{"name": "gpu-x", "address": "10.0.0.9", "gpus": 2}])
+    nodes = _lines(renamed)["nodes"]
+    assert nodes.status == "FAIL" and "['gpu-x'] are not Slurm nodes" in nodes.detail
+    monkeypatch.setenv("SLURM_CONF", str(rig.slurm.root / "nowhere.conf"))
+    missing = _lines(rig.workshop())["slurm"]
+    assert missing.status == "FAIL" and "nowhere.conf, which does not exist" in missing.detail
+    # slurmctld not answering: the same cluster's file with the controller on a closed port
+    wrong = rig.slurm.root / "wrong-port.conf"
+    wrong.write_text(re.sub(r"(?m)^SlurmctldPort=\d+", f"SlurmctldPort={free_port()}",
+                            rig.slurm.conf.read_text()))
+    monkeypatch.setenv("SLURM_CONF", str(wrong))
+    t0 = time.monotonic()
+    down = _lines(rig.workshop())
+    print(f"with slurmctld unreachable the check took {time.monotonic() - t0:.1f} s")
+    assert down["slurm"].status == "FAIL" and "DOWN" in down["slurm"].detail, down["slurm"]
+    assert "slurmctld" in down["slurm"].fix
+    assert down["gres"].status == "SKIP" and "\n" not in down["slurm"].detail
+
+
+def test_learners_get_distinct_gpus_and_the_next_one_is_queued_with_the_holders(rig):
+    ws = rig.workshop()
+    assert ws.capacity == 2
+    first, second, third = (rig.submit_as(user, ws) for user in rig.learners)
+    deadline = time.monotonic() + 30
+    while job_status(second).state != "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert [job_status(j).state for j in (first, second)] == ["RUNNING", "RUNNING"]
+    waiting = job_status(third)
+    assert (waiting.state, waiting.reason) == ("PENDING", "Resources"), waiting
+    homes = [Path(pwd.getpwnam(u).pw_dir) for u in rig.learners[:2]]
+    outs = {}
+    while time.monotonic() < deadline and len(outs) < 2:
+        for job, home in zip((first, second), homes, strict=True):
+            out = home / f"learner-engines-{job}.out"
+            if out.exists() and len(out.read_text().split("\n")) > 2:
+                outs[job] = sorted(out.read_text().split("\n")[:2])
+        time.sleep(0.3)
+    print(outs)
+    per_node = [dict(line.split() for line in lines) for lines in outs.values()]
+    assert [sorted(p) for p in per_node] == [["rig-a", "rig-b"]] * 2
+    for node in ("rig-a", "rig-b"):  # on each host, the two learners hold different GPUs
+        assert per_node[0][node] != per_node[1][node], per_node
+    msg = slurm_queue.queue_message(waiting)
+    print(msg)
+    assert f"job {third}, reason Resources, number 1 in line" in msg
+    for user, job in zip(rig.learners[:2], (first, second), strict=True):
+        assert re.search(rf"{user}\s+job {job}: 2 GPUs on rig-a,rig-b, running 00:00:\d\d, "
+                         r"at most 0:0[45]:\d\d left", msg), msg
+    rig.cancel_all()
+
+
+def test_the_hub_hook_gives_a_learner_their_own_closed_copy_of_the_release(rig, tmp_path):
+    release = tmp_path / "release" / "unit0"
+    release.mkdir(parents=True)
+    (release / "00_cluster_tour.ipynb").write_text("{}")
+    user = rig.learners[0]
+    entry = pwd.getpwnam(user)
+
+    class Spawner:  # what JupyterHub hands the hook: the spawner, with its user
+        class user:  # noqa: N801
+            name = entry.pw_name
+
+    hub.provision(tmp_path / "release")(Spawner())
+    home = Path(entry.pw_dir)
+    copy = home / hub.WORK_FOLDER / "unit0" / "00_cluster_tour.ipynb"
+    assert copy.read_text() == "{}" and copy.stat().st_uid == entry.pw_uid
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700  # other learners cannot read it
+    copy.write_text('{"mine": 1}')
+    hub.provision(tmp_path / "release")(Spawner())  # a second login keeps the learner's work
+    assert copy.read_text() == '{"mine": 1}'
+    with pytest.raises(Exception, match="is not a user of this host"):
+        hub.provide_folder("cw-nobody-here", tmp_path / "release")
+
+
+def test_a_learners_cu_start_waits_in_the_queue_with_the_message_then_gets_a_gpu_per_host(
+        rig, tmp_path, capfd):
+    import course_utils as cu
+    from course_utils.cluster import engine
+    from course_utils.cluster.slurm import SlurmJobError
+    from tests.rigs.twohosts import IFNAME
+
+    ws = rig.workshop(interface=IFNAME)
+    # The learners' profile as `course workshop` writes it; on the rig the learner's kernel is
+    # this test, in the root namespace, so the controller binds to the rigs' gateway address.
+    text = render.learner_profile(ws)
+    assert f'controller_ip = "{ws.hub.address}"' in text
+    prof = tmp_path / "learner-profile.toml"
+    prof.write_text(text.replace(f'controller_ip = "{ws.hub.address}"',
+                                 f'controller_ip = "{rig.hosts.controller_ip}"'))
+    holders = [rig.submit_as(user, ws) for user in rig.learners[:2]]
+    deadline = time.monotonic() + 30
+    while any(job_status(j).state != "RUNNING" for j in holders):
+        assert time.monotonic() < deadline, [job_status(j) for j in holders]
+        time.sleep(0.3)
+    t0 = time.monotonic()
+    with pytest.raises(SlurmJobError) as caught:
+        cu.start(profile=prof, cluster_id=f"pytest-ws-{os.getpid()}", timeout=6)
+    took = time.monotonic() - t0
+    err = capfd.readouterr().err
+    print(err, f"\ncu.start() gave up after {took:.1f} s:\n{caught.value}")
+    assert err.count("Your engines wait in Slurm's queue") == 1, err  # told once, at once
+    assert "The GPUs are held by:" in err and "cu.start() waits for them" in err
+    assert "still PENDING, reason Resources" in str(caught.value)
+    for user in rig.learners[:2]:
+        assert f"{user}  job " in str(caught.value)
+    rig.cancel_all()
+    cc = cu.start(profile=prof, cluster_id=f"pytest-ws-{os.getpid()}", timeout=60)
+    try:
+        print(cc.ranks.table())
+        assert list(cc.ranks.hosts) == ["rig-a", "rig-b"]
+        gpus = cc.run(engine.getenv, "CUDA_VISIBLE_DEVICES")
+        assert all(g in ("0", "1") for g in gpus), gpus  # one fake GPU each, set by Slurm
+    finally:
+        cu.stop()
