@@ -90,18 +90,31 @@ def failed_lesson_cells(executed: NotebookNode, release: bool) -> dict[str, str]
     return failed
 
 
-def execute(nb: NotebookNode, cwd: Path) -> NotebookNode:
-    """Run every cell in a fresh kernel of this interpreter, errors recorded, not raised."""
+def current_env_kernel():
+    """A manager for the kernel of this interpreter, as nbval's --nbval-current-env starts it.
+    nbclient never shuts down a kernel manager it was handed: whoever makes one stops it
+    (:func:`execute` does; one left running per run filled this machine's memory)."""
     from jupyter_client import KernelManager
-    from nbclient import NotebookClient
     from nbval.kernel import CURRENT_ENV_KERNEL_NAME, NbvalKernelspecManager
 
-    km = KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME,
-                       kernel_spec_manager=NbvalKernelspecManager())
+    return KernelManager(kernel_name=CURRENT_ENV_KERNEL_NAME,
+                         kernel_spec_manager=NbvalKernelspecManager())
+
+
+def execute(nb: NotebookNode, cwd: Path, km=None) -> NotebookNode:
+    """Run every cell in a fresh kernel of this interpreter, errors recorded, not raised;
+    the kernel is shut down afterwards."""
+    from nbclient import NotebookClient
+
+    km = km or current_env_kernel()
     client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, allow_errors=True,
-                            kernel_name=CURRENT_ENV_KERNEL_NAME,
+                            kernel_name=km.kernel_name,
                             resources={"metadata": {"path": str(cwd)}})
-    client.execute(cwd=str(cwd))
+    try:
+        client.execute(cwd=str(cwd))
+    finally:
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     return nb
 
 

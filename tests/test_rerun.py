@@ -42,16 +42,20 @@ def run_in_one_kernel(name: str, plan: str, workdir: Path) -> list[str]:
     client = NotebookClient(nb, km=km, timeout=CELL_TIMEOUT, kernel_name=CURRENT_ENV_KERNEL_NAME,
                             resources={"metadata": {"path": cwd}})
     ran: list[str] = []
-    with client.setup_kernel(cwd=cwd):
-        try:
-            for step in plan:
-                for index, cell in steps[step]:
-                    client.execute_cell(cell, index)
-                ran.append(step)
-        finally:
-            if not ran or ran[-1] != "T":
-                for index, cell in steps["T"]:
-                    client.execute_cell(cell, index)
+    try:
+        with client.setup_kernel(cwd=cwd):
+            try:
+                for step in plan:
+                    for index, cell in steps[step]:
+                        client.execute_cell(cell, index)
+                    ran.append(step)
+            finally:
+                if not ran or ran[-1] != "T":
+                    for index, cell in steps["T"]:
+                        client.execute_cell(cell, index)
+    finally:  # nbclient leaves a kernel manager it was handed running
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
     return ran
 
 

@@ -4,10 +4,13 @@ hosts with fake GPUs and real OS users (tests/rigs/workshop.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
+import shutil
 import stat
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -24,6 +27,7 @@ from course_utils.workshop import check, hub, render
 from course_utils.workshop.plan import WorkshopError, load_workshop, workshop_from_dict
 from tests.rigs import slurm as rigs_slurm
 
+pytestmark = pytest.mark.timeout(1200)  # the rig tests start a hub and 4 labs on 2 cores
 EXAMPLE = Path(__file__).parents[1] / "workshops" / "example.toml"
 
 
@@ -199,12 +203,12 @@ def test_workshop_check_names_each_fault_and_its_fix(rig, monkeypatch):
     more = rig.workshop(hosts=[{"name": n, "address": a, "gpus": 8}
                                for n, (_, a) in rig.slurm.nodes.items()])
     gres = _lines(more)["gres"]
-    assert gres.status == "FAIL" and "rig-a has {'gpu': 2}, the file says {'gpu': 8}" in gres.detail
+    assert gres.status == "FAIL" and "rig-a has {'gpu': 4}, the file says {'gpu': 8}" in gres.detail
     assert "gres.conf" in gres.fix
     part = _lines(rig.workshop(partition="gpus"))["partition"]
     assert part.status == "FAIL" and "no partition 'gpus'" in part.detail
     assert "PartitionName" in part.fix
-    renamed = rig.workshop(hosts=[{"name": "gpu-x", "address": "10.0.0.9", "gpus": 2}])
+    renamed = rig.workshop(hosts=[{"name": "gpu-x", "address": "10.0.0.9", "gpus": 4}])
     nodes = _lines(renamed)["nodes"]
     assert nodes.status == "FAIL" and "['gpu-x'] are not Slurm nodes" in nodes.detail
     monkeypatch.setenv("SLURM_CONF", str(rig.slurm.root / "nowhere.conf"))
@@ -223,33 +227,38 @@ def test_workshop_check_names_each_fault_and_its_fix(rig, monkeypatch):
     assert down["gres"].status == "SKIP" and "\n" not in down["slurm"].detail
 
 
+def _all_running(jobs: list[str], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(job_status(j).state != "RUNNING" for j in jobs):
+        assert time.monotonic() < deadline, [job_status(j) for j in jobs]
+        time.sleep(0.3)
+
+
 def test_learners_get_distinct_gpus_and_the_next_one_is_queued_with_the_holders(rig):
     ws = rig.workshop()
-    assert ws.capacity == 2
-    first, second, third = (rig.submit_as(user, ws) for user in rig.learners)
-    deadline = time.monotonic() + 30
-    while job_status(second).state != "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert [job_status(j).state for j in (first, second)] == ["RUNNING", "RUNNING"]
-    waiting = job_status(third)
+    assert (ws.capacity, ws.queued) == (4, 1)
+    *holders, fifth = (rig.submit_as(user, ws) for user in rig.learners)
+    _all_running(holders)
+    waiting = job_status(fifth)
     assert (waiting.state, waiting.reason) == ("PENDING", "Resources"), waiting
-    homes = [Path(pwd.getpwnam(u).pw_dir) for u in rig.learners[:2]]
-    outs = {}
-    while time.monotonic() < deadline and len(outs) < 2:
-        for job, home in zip((first, second), homes, strict=True):
+    homes = [Path(pwd.getpwnam(u).pw_dir) for u in rig.learners[:4]]
+    outs: dict[str, list[str]] = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(outs) < 4:
+        for job, home in zip(holders, homes, strict=True):
             out = home / f"learner-engines-{job}.out"
             if out.exists() and len(out.read_text().split("\n")) > 2:
-                outs[job] = sorted(out.read_text().split("\n")[:2])
+                outs[job] = out.read_text().split("\n")[:2]
         time.sleep(0.3)
     print(outs)
     per_node = [dict(line.split() for line in lines) for lines in outs.values()]
-    assert [sorted(p) for p in per_node] == [["rig-a", "rig-b"]] * 2
-    for node in ("rig-a", "rig-b"):  # on each host, the two learners hold different GPUs
-        assert per_node[0][node] != per_node[1][node], per_node
+    assert [sorted(p) for p in per_node] == [["rig-a", "rig-b"]] * 4
+    for node in ("rig-a", "rig-b"):  # on each host, the four learners hold four GPUs
+        assert sorted(p[node] for p in per_node) == ["0", "1", "2", "3"], per_node
     msg = slurm_queue.queue_message(waiting)
     print(msg)
-    assert f"job {third}, reason Resources, number 1 in line" in msg
-    for user, job in zip(rig.learners[:2], (first, second), strict=True):
+    assert f"job {fifth}, reason Resources, number 1 in line" in msg
+    for user, job in zip(rig.learners[:4], holders, strict=True):
         assert re.search(rf"{user}\s+job {job}: 2 GPUs on rig-a,rig-b, running 00:00:\d\d, "
                          r"at most 0:0[45]:\d\d left", msg), msg
     rig.cancel_all()
@@ -266,16 +275,19 @@ def test_the_hub_hook_gives_a_learner_their_own_closed_copy_of_the_release(rig, 
         class user:  # noqa: N801
             name = entry.pw_name
 
-    hub.provision(tmp_path / "release")(Spawner())
     home = Path(entry.pw_dir)
-    copy = home / hub.WORK_FOLDER / "unit0" / "00_cluster_tour.ipynb"
-    assert copy.read_text() == "{}" and copy.stat().st_uid == entry.pw_uid
-    assert stat.S_IMODE(home.stat().st_mode) == 0o700  # other learners cannot read it
-    copy.write_text('{"mine": 1}')
-    hub.provision(tmp_path / "release")(Spawner())  # a second login keeps the learner's work
-    assert copy.read_text() == '{"mine": 1}'
-    with pytest.raises(Exception, match="is not a user of this host"):
-        hub.provide_folder("cw-nobody-here", tmp_path / "release")
+    try:
+        hub.provision(tmp_path / "release")(Spawner())
+        copy = home / hub.WORK_FOLDER / "unit0" / "00_cluster_tour.ipynb"
+        assert copy.read_text() == "{}" and copy.stat().st_uid == entry.pw_uid
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700  # other learners cannot read it
+        copy.write_text('{"mine": 1}')
+        hub.provision(tmp_path / "release")(Spawner())  # a second login keeps the work
+        assert copy.read_text() == '{"mine": 1}'
+        with pytest.raises(Exception, match="is not a user of this host"):
+            hub.provide_folder("cw-nobody-here", tmp_path / "release")
+    finally:  # the hub's tests give this learner the real release
+        shutil.rmtree(home / hub.WORK_FOLDER, ignore_errors=True)
 
 
 def test_a_learners_cu_start_waits_in_the_queue_with_the_message_then_gets_a_gpu_per_host(
@@ -293,11 +305,8 @@ def test_a_learners_cu_start_waits_in_the_queue_with_the_message_then_gets_a_gpu
     prof = tmp_path / "learner-profile.toml"
     prof.write_text(text.replace(f'controller_ip = "{ws.hub.address}"',
                                  f'controller_ip = "{rig.hosts.controller_ip}"'))
-    holders = [rig.submit_as(user, ws) for user in rig.learners[:2]]
-    deadline = time.monotonic() + 30
-    while any(job_status(j).state != "RUNNING" for j in holders):
-        assert time.monotonic() < deadline, [job_status(j) for j in holders]
-        time.sleep(0.3)
+    holders = [rig.submit_as(user, ws) for user in rig.learners[:4]]
+    _all_running(holders)
     t0 = time.monotonic()
     with pytest.raises(SlurmJobError) as caught:
         cu.start(profile=prof, cluster_id=f"pytest-ws-{os.getpid()}", timeout=6)
@@ -307,7 +316,7 @@ def test_a_learners_cu_start_waits_in_the_queue_with_the_message_then_gets_a_gpu
     assert err.count("Your engines wait in Slurm's queue") == 1, err  # told once, at once
     assert "The GPUs are held by:" in err and "cu.start() waits for them" in err
     assert "still PENDING, reason Resources" in str(caught.value)
-    for user in rig.learners[:2]:
+    for user in rig.learners[:4]:
         assert f"{user}  job " in str(caught.value)
     rig.cancel_all()
     cc = cu.start(profile=prof, cluster_id=f"pytest-ws-{os.getpid()}", timeout=60)
@@ -315,6 +324,173 @@ def test_a_learners_cu_start_waits_in_the_queue_with_the_message_then_gets_a_gpu
         print(cc.ranks.table())
         assert list(cc.ranks.hosts) == ["rig-a", "rig-b"]
         gpus = cc.run(engine.getenv, "CUDA_VISIBLE_DEVICES")
-        assert all(g in ("0", "1") for g in gpus), gpus  # one fake GPU each, set by Slurm
+        assert all(g in ("0", "1", "2", "3") for g in gpus), gpus  # one fake GPU each
     finally:
         cu.stop()
+
+
+# ---- the hub: real JupyterHub, learners through its REST API ---------------------------------
+@pytest.fixture(scope="module")
+def running(rig):
+    """The hub of `course workshop`'s config, in host a's namespace, the learners' release
+    being unit 0's student version; yields (workshop, the check service's token)."""
+    from course_utils.assignments.release import release
+    from tests.rigs.common import RigUnavailable, unavailable
+    from tests.rigs.hub import proxy_command, running_hub
+    from tests.rigs.twohosts import IFNAME
+
+    try:
+        proxy_command()  # installs it from npm where allowed
+    except RigUnavailable as exc:
+        unavailable(str(exc))
+    # Not under pytest's tmp folders (0700): the learners read their profile from here.
+    base = Path(tempfile.mkdtemp(prefix="course-workshop-"))
+    base.chmod(0o755)
+    release(base / "course", units=[0])
+    ws = rig.workshop(interface=IFNAME)
+    written = render.write_workshop(ws, base / "out", base / "course" / "release")
+    netns = rig.hosts.host("a").netns
+    try:
+        with running_hub(written["jupyterhub_config.py"], netns, ws.hub_url, base / "hub.log"):
+            yield ws, check.find_token(base / "out")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_workshop_check_passes_with_the_hub_and_a_test_learner_spawns(running):
+    ws, token = running
+    said: list[str] = []
+    lines = check.run_checks(ws, token=token, emit=said.append)
+    print("\n".join(said))
+    assert [line.status for line in lines] == ["PASS"] * 7, said
+    assert re.search(r"'s lab was ready in \d+\.\d s \(stopped again\)$", lines[-1].detail)
+
+
+def _lesson_run(lab, notebook: Path) -> list[str]:
+    """Every code cell of the learner's unit 0 in their kernel; the lesson cells that failed
+    (solution and test cells fail on the student version by design)."""
+    import nbformat
+
+    from course_utils.notebook_cells import is_solution_cell, is_test_cell
+
+    failed = []
+    for cell in nbformat.read(notebook, 4).cells:
+        if cell.cell_type != "code":
+            continue
+        _, err = lab.run(cell.source, timeout=180)
+        graded = is_solution_cell(cell) or is_test_cell(cell)
+        if ("Error" in err or "Traceback" in err) and not graded:
+            failed.append(f"{cell.metadata.get('nbgrader', {}).get('grade_id')}: {err[-300:]}")
+    return failed
+
+
+PROBE = """
+from course_utils.cluster import engine
+cluster = cu.start()
+print("HOSTS", list(cluster.ranks.hosts))
+print("GPUS", cluster.run(engine.getenv, "CUDA_VISIBLE_DEVICES"))
+"""
+ALL_REDUCE = """%%px
+import torch
+import torch.distributed as dist
+t = torch.tensor([rank + 1.0])
+dist.all_reduce(t)
+print(f"SUM {t.item():.0f}")
+"""
+
+
+def test_four_learners_at_once_run_unit0_on_both_hosts_with_their_own_gpus(rig, running):
+    import threading
+
+    from tests.rigs.hub import LearnerLab
+
+    ws, token = running
+    labs = [LearnerLab(ws.hub_url, user, token) for user in rig.learners]
+    report: dict[str, dict] = {}
+
+    def learner(lab: LearnerLab) -> None:
+        t0 = time.monotonic()
+        lab.login()
+        ready = lab.start_lab()
+        lab.start_kernel()
+        home = Path(pwd.getpwnam(lab.user).pw_dir)
+        failed = _lesson_run(lab, home / "course" / "unit0" / "00_cluster_tour.ipynb")
+        probe, _ = lab.run(PROBE)  # unit 0 ends with cu.stop(): a fresh cluster
+        lab.run("cu.start_torch()")
+        summed, err = lab.run(ALL_REDUCE)
+        report[lab.user] = {"lab ready s": round(ready, 1), "failed": failed, "probe": probe,
+                            "total s": round(time.monotonic() - t0, 1),
+                            "sum": (summed + err)[-400:]}
+
+    t0 = time.monotonic()
+    learner(labs[0])  # one learner alone: login to ranks
+    alone = time.monotonic() - t0
+    threads = [threading.Thread(target=learner, args=(lab,)) for lab in labs[1:4]]
+    t1 = time.monotonic()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(600)
+    together = time.monotonic() - t1
+    print(json.dumps(report, indent=1))
+    print(f"one learner, login to ranks and unit 0: {alone:.1f} s; three more at once "
+          f"(four holding GPUs): {together:.1f} s")
+    assert len(report) == 4, report
+    gpus_per_host: dict[str, list[str]] = {"rig-a": [], "rig-b": []}
+    for user, r in report.items():
+        assert r["failed"] == [], (user, r["failed"])
+        assert "HOSTS ['rig-a', 'rig-b']" in r["probe"], r
+        assert r["sum"].count("SUM 3") == 2, r  # 1 + 2 on both ranks
+        gpus = re.search(r"GPUS \['(\d)', '(\d)'\]", r["probe"])
+        gpus_per_host["rig-a"].append(gpus[1])
+        gpus_per_host["rig-b"].append(gpus[2])
+    for host, gpus in gpus_per_host.items():  # four learners, four different GPUs per host
+        assert sorted(gpus) == ["0", "1", "2", "3"], (host, gpus)
+    # A fifth learner, while the four hold every GPU: queued, told who holds what.
+    fifth = labs[4]
+    fifth.login()
+    fifth.start_lab()
+    fifth.start_kernel()
+    out, err = fifth.run("import course_utils as cu\ntry:\n    cu.start(timeout=10)\n"
+                         "except Exception as exc:\n    print(type(exc).__name__)")
+    print(err)
+    assert "SlurmJobError" in out, (out, err)
+    assert err.count("Your engines wait in Slurm's queue") == 1 and "reason Resources" in err
+    for user in rig.learners[:4]:
+        assert re.search(rf"{user}\s+job \d+: 2 GPUs on rig-a,rig-b", err), err
+    # Learner A cannot read learner B's work.
+    other = pwd.getpwnam(rig.learners[1]).pw_dir
+    out, err = labs[0].run(f"import os\ntry:\n    os.listdir({other!r})\n"
+                           "except PermissionError as exc:\n    print('DENIED', exc.errno)")
+    assert "DENIED 13" in out, (out, err)
+    # Learner A's hung collective (rank 0 alone in an all_reduce) leaves B's cells running.
+    hang = threading.Thread(target=lambda: report.__setitem__("hang", labs[0].run(HANG)))
+    hang.start()
+    time.sleep(3)
+    t2 = time.monotonic()
+    out, err = labs[1].run(ALL_REDUCE)
+    b_took = time.monotonic() - t2
+    assert hang.is_alive() and out.count("SUM 3") == 2, (out, err)
+    hang.join(120)
+    print(f"while A's collective hung, B's all_reduce took {b_took:.1f} s; A got "
+          f"{report['hang'][0].strip()}")
+    assert "HUNG ClusterTimeout" in report["hang"][0], report["hang"]
+    for lab in labs[:4]:
+        lab.run("cu.stop()")
+
+
+HANG = """
+def only_rank0_reduces():
+    import torch
+    import torch.distributed as dist
+    t = torch.ones(1)
+    if dist.get_rank() == 0:
+        dist.all_reduce(t)
+    return t.item()
+
+from course_utils.errors import ClusterTimeout
+try:
+    cluster.run(only_rank0_reduces, timeout=25)
+except ClusterTimeout:
+    print("HUNG ClusterTimeout")
+"""

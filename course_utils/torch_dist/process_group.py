@@ -105,6 +105,11 @@ def start(
             f"omit world_size (it is derived from the cluster) or cu.start(n={world_size})",
         )
     chosen = choose_backend(backend, [r.gpus for r in rm], [r.local_rank for r in rm])
+    if (backend or "auto").lower() == "auto" and chosen == "nccl" and 0 in cc.run(
+            _torch_gpu_count, timeout=60):
+        # CUDA_VISIBLE_DEVICES names a GPU (Slurm sets it from GRES) that torch cannot use:
+        # no driver on this host, or a GRES device file that is not a real GPU.
+        chosen = "gloo"
     pg_timeout = float(settings.pg_timeout() if timeout is None else timeout)
     if pg_timeout <= 0:
         raise ValueError(f"timeout={timeout} must be positive seconds")
@@ -234,6 +239,13 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
                    debug=debug, torch=torch.__version__)
     __main__.device = device
     return dict(_ENGINE)
+
+
+def _torch_gpu_count() -> int:
+    """On an engine: the CUDA devices torch can use here (0 without a driver)."""
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 def _engine_device(rank: int, local_rank: int, cuda: bool) -> Any:

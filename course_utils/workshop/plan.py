@@ -7,6 +7,7 @@ An instructor writes one TOML file (``workshops/example.toml`` is a commented co
     partition = "workshop"          # or: reservation = "ddp-day"
     time = "04:00:00"               # how long one learner's engines may hold their GPUs
     interface = "eth1"              # the hosts' link: where the hub and every port listen
+    # slurm_conf = "/etc/slurm/slurm.conf"  # only if Slurm's clients need SLURM_CONF there
 
     [hub]
     host = "gpu1"                   # the host the hub and the learners' labs run on
@@ -68,6 +69,8 @@ class Workshop:
     reservation: str = ""
     time: str = "04:00:00"
     interface: str = ""
+    slurm_conf: str = ""        # set when slurm.conf is not where Slurm looks by itself
+    lab_start_timeout: int = 120  # seconds the hub waits for a learner's JupyterLab
     hub_host: str = ""
     hub_port: int = 8000
     instructor: str = ""
@@ -186,7 +189,9 @@ def workshop_from_dict(data: dict[str, Any], path: str = "") -> Workshop:
     ws = Workshop(hosts=hosts, learners=learners, gpus_per_learner=per, shards_per_gpu=shards,
                   partition=str(data.get("partition", "workshop")),
                   reservation=str(data.get("reservation", "")), time=time,
-                  interface=str(data.get("interface", "")), hub_host=hub_host,
+                  interface=str(data.get("interface", "")),
+                  slurm_conf=str(data.get("slurm_conf", "")), hub_host=hub_host,
+                  lab_start_timeout=_positive(hub, "lab_start_timeout", "[hub]", 120),
                   hub_port=_positive(hub, "port", "[hub]", 8000),
                   instructor=str(data.get("instructor", "")), path=path)
     too_small = [h.name for h in hosts if ws.slots_per_host(h) < 1]

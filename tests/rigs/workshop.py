@@ -4,7 +4,7 @@ for the learners, every part removed afterwards (also when a test fails).
 
 The learners are OS users named ``cw<pid>-<name>`` (so two runs never share one), made with
 ``useradd -m`` and removed with ``userdel -r``; leftovers of a crashed run are removed the next
-time (:func:`remove_stale_users`). The JupyterHub part of issue 23's rig is not built yet.
+time (:func:`remove_stale_users`). The hub on top is tests/rigs/hub.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -23,7 +25,7 @@ from tests.rigs.common import RigError
 from tests.rigs.slurm import SlurmRig
 
 USER_PREFIX = "cw"
-GPUS_PER_HOST = 2
+GPUS_PER_HOST = 4
 
 
 def _pid_alive(pid: int) -> bool:
@@ -66,8 +68,32 @@ def os_users(names: Sequence[str]) -> Iterator[list[str]]:
         yield made
     finally:
         for user in made:
+            subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True, check=False,
+                           timeout=30)
             subprocess.run(["userdel", "-r", "-f", user], capture_output=True, check=False,
                            timeout=30)
+
+
+@contextlib.contextmanager
+def reachable_by_all(*paths: str) -> Iterator[list[str]]:
+    """Let every user traverse (``o+x``, not read) the folders above ``paths``, so learners
+    can run the course's Python (here under ``/root/.pyenv``); modes restored on exit. On a
+    real workshop host, install the course's environment where learners can read it."""
+    changed: list[tuple[str, int]] = []
+    try:
+        for path in paths:
+            folder = os.path.realpath(path)
+            while folder != "/":
+                mode = os.stat(folder).st_mode
+                if not mode & stat.S_IXOTH and folder not in [c[0] for c in changed]:
+                    os.chmod(folder, stat.S_IMODE(mode) | stat.S_IXOTH)
+                    changed.append((folder, stat.S_IMODE(mode)))
+                folder = os.path.dirname(folder)
+        yield [c[0] for c in changed]
+    finally:
+        for folder, mode in reversed(changed):
+            with contextlib.suppress(OSError):
+                os.chmod(folder, mode)
 
 
 @dataclass
@@ -83,7 +109,9 @@ class WorkshopRig:
     def workshop(self, **overrides: object) -> Workshop:
         """The workshop file that describes this rig (``overrides`` change it)."""
         data: dict = {"learners": self.learners, "partition": self.slurm.partition,
-                      "time": "10", "hosts": [
+                      "time": "10", "slurm_conf": str(self.slurm.conf),
+                      "hub": {"lab_start_timeout": 400},  # 2 shared cores: generous
+                      "hosts": [
                           {"name": n, "address": a, "gpus": GPUS_PER_HOST}
                           for n, (_, a) in self.slurm.nodes.items()]}
         data.update(overrides)
@@ -113,12 +141,13 @@ class WorkshopRig:
 
 
 @contextlib.contextmanager
-def workshop_rig(hosts: object, learners: Sequence[str] = ("ann", "ben", "cat")
+def workshop_rig(hosts: object, learners: Sequence[str] = ("ann", "ben", "cat", "dan", "eve")
                  ) -> Iterator[WorkshopRig]:
     """Slurm with :data:`GPUS_PER_HOST` fake GPUs on each of ``hosts`` and OS users."""
     slurm = SlurmRig.start(cpus=4, hosts=hosts, gpus=GPUS_PER_HOST)
     try:
-        with os_users(learners) as users, slurm.activated():
+        with (os_users(learners) as users, slurm.activated(),
+              reachable_by_all(sys.base_prefix, sys.prefix)):
             rig = WorkshopRig(slurm, users, hosts)
             try:
                 yield rig
