@@ -104,12 +104,8 @@ def start(
             f"world_size={world_size} was asked but the cluster has {rm.world_size} engines",
             f"omit world_size (it is derived from the cluster) or cu.start(n={world_size})",
         )
-    chosen = choose_backend(backend, [r.gpus for r in rm], [r.local_rank for r in rm])
-    if (backend or "auto").lower() == "auto" and chosen == "nccl" and 0 in cc.run(
-            _torch_gpu_count, timeout=60):
-        # CUDA_VISIBLE_DEVICES names a GPU (Slurm sets it from GRES) that torch cannot use:
-        # no driver on this host, or a GRES device file that is not a real GPU.
-        chosen = "gloo"
+    chosen = _usable(backend, choose_backend(backend, [r.gpus for r in rm],
+                                             [r.local_rank for r in rm]), cc)
     pg_timeout = float(settings.pg_timeout() if timeout is None else timeout)
     if pg_timeout <= 0:
         raise ValueError(f"timeout={timeout} must be positive seconds")
@@ -239,6 +235,16 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
                    debug=debug, torch=torch.__version__)
     __main__.device = device
     return dict(_ENGINE)
+
+
+def _usable(requested: str | None, chosen: str, cc: Any) -> str:
+    """``auto``'s NCCL only where torch on every rank can use a GPU: a CUDA_VISIBLE_DEVICES that
+    names one (Slurm sets it from GRES) is not enough without a driver, or for a GRES device
+    file that is not a real GPU; then gloo."""
+    if (requested or "auto").lower() == "auto" and chosen == "nccl" and 0 in cc.run(
+            _torch_gpu_count, timeout=60):
+        return "gloo"
+    return chosen
 
 
 def _torch_gpu_count() -> int:
