@@ -205,9 +205,11 @@ def test_workshop_check_names_each_fault_and_its_fix(rig, monkeypatch):
     gres = _lines(more)["gres"]
     assert gres.status == "FAIL" and "rig-a has {'gpu': 4}, the file says {'gpu': 8}" in gres.detail
     assert "gres.conf" in gres.fix
-    part = _lines(rig.workshop(partition="gpus"))["partition"]
+    wrong_part = _lines(rig.workshop(partition="gpus"))
+    part = wrong_part["partition"]
     assert part.status == "FAIL" and "no partition 'gpus'" in part.detail
     assert "PartitionName" in part.fix
+    assert "`partition` in the workshop file" in wrong_part["a learner's ranks"].fix
     renamed = rig.workshop(hosts=[{"name": "gpu-x", "address": "10.0.0.9", "gpus": 4}])
     nodes = _lines(renamed)["nodes"]
     assert nodes.status == "FAIL" and "['gpu-x'] are not Slurm nodes" in nodes.detail

@@ -135,7 +135,9 @@ def check_learner_ranks(ws: Workshop) -> Line:
     try:
         out = run_command(learner_step(ws), timeout=STEP_TIMEOUT_S)
     except SlurmError as exc:
-        return Line("a learner's ranks", "FAIL", _one_line(exc.cause), exc.fix)
+        fix = ("set `partition` in the workshop file to one that `sinfo -s` lists"
+               if "invalid partition" in exc.cause.lower() else exc.fix)
+        return Line("a learner's ranks", "FAIL", _one_line(exc.cause), fix)
     seen: dict[str, list[str]] = defaultdict(list)
     for line in out.splitlines():
         if line.startswith("rank-of "):
