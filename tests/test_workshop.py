@@ -166,6 +166,24 @@ def test_a_queued_learner_is_told_who_holds_which_gpus_and_how_long():
     assert "No running job holds GPUs" in slurm_queue.queue_message(jobs[3], jobs[2:])
 
 
+def test_overlapping_rigs_close_the_folders_only_when_the_last_one_leaves(tmp_path):
+    from tests.rigs.workshop import reachable_by_all
+
+    inner = tmp_path / "closed" / "env"
+    inner.mkdir(parents=True)
+    (tmp_path / "closed").chmod(0o700)
+    state = tmp_path / "state.json"
+    mode = lambda: stat.S_IMODE((tmp_path / "closed").stat().st_mode)  # noqa: E731
+    first = reachable_by_all(str(inner), state=state)
+    assert str(tmp_path / "closed") in first.__enter__() and mode() == 0o701
+    second = reachable_by_all(str(inner), state=state)
+    second.__enter__()
+    first.__exit__(None, None, None)  # the rig that opened it leaves first
+    assert mode() == 0o701  # the other rig still runs: still open
+    second.__exit__(None, None, None)
+    assert mode() == 0o700  # the last one left: restored
+
+
 # ---- on the rig: Slurm over the two hosts, fake GPUs, OS users -------------------------------
 @pytest.fixture(scope="module")
 def rig():

@@ -10,6 +10,8 @@ time (:func:`remove_stale_users`). The hub on top is tests/rigs/hub.py.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import pwd
 import re
@@ -19,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from course_utils.workshop.plan import Workshop, workshop_from_dict
 from tests.rigs.common import RigError
@@ -74,26 +77,53 @@ def os_users(names: Sequence[str]) -> Iterator[list[str]]:
                            timeout=30)
 
 
+REACHABLE_STATE = Path("/run/lock/course-reachable.json")
+"""The modes :func:`reachable_by_all` changed and how many rigs hold them (rigs may overlap)."""
+
+
 @contextlib.contextmanager
-def reachable_by_all(*paths: str) -> Iterator[list[str]]:
+def _state(path: Path) -> Iterator[dict]:
+    """The shared state under an exclusive lock; written back on exit."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            state = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            state = {}
+        state.setdefault("holders", 0)
+        state.setdefault("modes", {})
+        yield state
+        path.write_text(json.dumps(state))
+
+
+@contextlib.contextmanager
+def reachable_by_all(*paths: str, state: Path = REACHABLE_STATE) -> Iterator[list[str]]:
     """Let every user traverse (``o+x``, not read) the folders above ``paths``, so learners
-    can run the course's Python (here under ``/root/.pyenv``); modes restored on exit. On a
-    real workshop host, install the course's environment where learners can read it."""
-    changed: list[tuple[str, int]] = []
-    try:
+    can run the course's Python (here under ``/root/.pyenv``). The last rig to leave restores
+    the modes (two rigs may overlap: the first to leave must not close what the other needs).
+    On a real workshop host, install the course's environment where learners can read it."""
+    with _state(state) as st:
         for path in paths:
             folder = os.path.realpath(path)
             while folder != "/":
-                mode = os.stat(folder).st_mode
-                if not mode & stat.S_IXOTH and folder not in [c[0] for c in changed]:
-                    os.chmod(folder, stat.S_IMODE(mode) | stat.S_IXOTH)
-                    changed.append((folder, stat.S_IMODE(mode)))
+                mode = stat.S_IMODE(os.stat(folder).st_mode)
+                if not mode & stat.S_IXOTH:
+                    os.chmod(folder, mode | stat.S_IXOTH)
+                    st["modes"].setdefault(folder, mode)
                 folder = os.path.dirname(folder)
-        yield [c[0] for c in changed]
+        st["holders"] += 1
+        opened = sorted(st["modes"])
+    try:
+        yield opened
     finally:
-        for folder, mode in reversed(changed):
-            with contextlib.suppress(OSError):
-                os.chmod(folder, mode)
+        with _state(state) as st:
+            st["holders"] = max(0, st["holders"] - 1)
+            if st["holders"] == 0:
+                for folder, mode in st["modes"].items():
+                    with contextlib.suppress(OSError):
+                        os.chmod(folder, mode)
+                st["modes"] = {}
 
 
 @dataclass
