@@ -157,16 +157,25 @@ def check_learner_ranks(ws: Workshop) -> Line:
     return Line("a learner's ranks", "PASS", where)
 
 
-def _hub(ws: Workshop, path: str, token: str = "", method: str = "GET",
-         timeout: float = 5.0) -> tuple[int, dict]:
-    req = urllib.request.Request(ws.hub_url + "/hub/api" + path, method=method,
-                                 headers={"Authorization": f"token {token}"} if token else {})
+def hub_call(url: str, token: str = "", method: str = "GET", body: dict | None = None,
+             timeout: float = 5.0) -> tuple[int, dict]:
+    """One JupyterHub REST call (also to a learner's lab through the hub): (HTTP status, the
+    JSON answer or {}). Raises OSError when nothing answers in ``timeout`` s."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {**({"Authorization": f"token {token}"} if token else {}),
+               **({"Content-Type": "application/json"} if data else {})}
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read()
-            return resp.status, json.loads(body) if body.strip() else {}
+            raw = resp.read()
+            return resp.status, json.loads(raw) if raw.strip() else {}
     except urllib.error.HTTPError as exc:
         return exc.code, {}
+
+
+def _hub(ws: Workshop, path: str, token: str = "", method: str = "GET",
+         timeout: float = 5.0) -> tuple[int, dict]:
+    return hub_call(ws.hub_url + "/hub/api" + path, token, method, timeout=timeout)
 
 
 def check_hub(ws: Workshop) -> Line:

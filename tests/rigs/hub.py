@@ -21,13 +21,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_utils.workshop.check import hub_call
 from tests.rigs.common import RigError, RigUnavailable, apt_install, install_allowed
 
 PROXY_PACKAGE = "configurable-http-proxy@5.3.0"
@@ -57,16 +56,7 @@ def proxy_command() -> str:
 
 def _get(url: str, token: str = "", method: str = "GET", body: dict | None = None,
          timeout: float = 60.0) -> tuple[int, dict]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={
-        **({"Authorization": f"token {token}"} if token else {}),
-        **({"Content-Type": "application/json"} if data else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-            return resp.status, json.loads(raw) if raw.strip() else {}
-    except urllib.error.HTTPError as exc:
-        return exc.code, {}
+    return hub_call(url, token, method, body, timeout)  # generous: 2 shared cores
 
 
 @contextlib.contextmanager

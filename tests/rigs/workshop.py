@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_utils import procs
 from course_utils.workshop.plan import Workshop, workshop_from_dict
 from tests.rigs.common import RigError
 from tests.rigs.slurm import SlurmRig
@@ -31,22 +32,12 @@ USER_PREFIX = "cw"
 GPUS_PER_HOST = 4
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale_users() -> list[str]:
     """Remove the learners of rigs whose process is gone; their names."""
     gone = []
     for entry in pwd.getpwall():
         m = re.match(rf"^{USER_PREFIX}(\d+)-", entry.pw_name)
-        if m and not _pid_alive(int(m[1])):
+        if m and not procs.pid_alive(int(m[1])):
             subprocess.run(["userdel", "-r", "-f", entry.pw_name], capture_output=True,
                            check=False, timeout=30)
             gone.append(entry.pw_name)
