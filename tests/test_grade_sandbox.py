@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 import shutil
 import socket
 import threading
@@ -22,7 +21,8 @@ from course_utils.assignments.release import read_nb, release
 from course_utils.instructor import sandbox
 from course_utils.instructor.autograde import grade
 from course_utils.notebook_cells import nbgrader_meta
-from tests.rigs.common import apt_install, install_allowed, install_command, unavailable
+from tests.rigs.common import require_bwrap
+from tests.submissions import solved
 
 UNIT0 = "00_cluster_tour.ipynb"
 pytestmark = pytest.mark.timeout(900)
@@ -47,29 +47,11 @@ _try("whoami", lambda: os.getuid() == 65534 or 1 / 0)
 '''
 
 
-def _bwrap_or_skip() -> None:
-    if shutil.which("bwrap") is None and install_allowed() and os.geteuid() == 0:
-        apt_install(["bubblewrap"], timeout=600)
-    if shutil.which("bwrap") is None:
-        unavailable("bubblewrap (bwrap) is not installed",
-                    install_command(["bubblewrap"]) + "  # as root")
-
-
-def _solved(released, source):
-    nb = copy.deepcopy(released)
-    src = {nbgrader_meta(c).get("grade_id"): c.source for c in source.cells}
-    for cell in nb.cells:
-        if nbgrader_meta(cell).get("solution"):
-            cell.source = re.sub(r"[ \t]*### (BEGIN|END) SOLUTION\n", "",
-                                 src[nbgrader_meta(cell)["grade_id"]])
-    return nb
-
-
 def test_sandboxed_grading_denies_every_attempt_and_still_grades(tmp_path):
-    _bwrap_or_skip()
+    require_bwrap()
     course = release(tmp_path / "course", units=[0])
     u = course.units[0]
-    full = _solved(read_nb(u.release), read_nb(u.source))
+    full = solved(read_nb(u.release), read_nb(u.source))
     listener = socket.create_server(("127.0.0.1", 0))
     listener.settimeout(0.2)
     reached: list[object] = []
@@ -130,7 +112,9 @@ def test_sandbox_argv_hides_then_binds_and_drops_the_environment(tmp_path, monke
     monkeypatch.setenv("JPY_API_TOKEN", "secret")
     (tmp_path / "hidden").mkdir()
     (tmp_path / "file").write_text("x")
-    argv = sandbox.sandbox_argv([str(tmp_path / "hidden"), str(tmp_path / "file")],
+    (tmp_path / "hidden" / "inner").mkdir()
+    argv = sandbox.sandbox_argv([str(tmp_path / "hidden" / "inner"), str(tmp_path / "hidden"),
+                                 str(tmp_path / "file")],
                                 [str(tmp_path / "hidden" / "work")], [str(tmp_path)],
                                 sandbox.kept_env(), str(tmp_path / "hidden" / "work"))
     text = " ".join(argv)
@@ -141,6 +125,9 @@ def test_sandbox_argv_hides_then_binds_and_drops_the_environment(tmp_path, monke
     assert text.index(f"--bind {tmp_path / 'hidden' / 'work'}") < text.index(
         f"--remount-ro {tmp_path / 'hidden'}")
     assert "COURSE_ENGINES 2" in text and "secret" not in text
+    assert "inner" not in text  # inside a hidden folder: hidden with it
+    homes = sandbox.people_homes()  # a workshop's learners live there
+    assert ("/home" in homes) == os.path.isdir("/home") and "/" not in homes
 
 
 def test_the_audit_hook_reports_hidden_paths_only(tmp_path):

@@ -30,6 +30,9 @@ from course_utils.instructor.autograde import GradingError, collect, find_course
 from course_utils.instructor.grade_report import one_line_reason, tampering
 from course_utils.instructor.grading_cluster import RUN_MARK, kill_marked, marked_processes
 from course_utils.notebook_cells import nbgrader_meta
+from tests.submissions import insert_after as _insert_after
+from tests.submissions import solved as _solved
+from tests.submissions import swap_helpers as _swap_helpers
 
 # The module fixture grades a whole class first (minutes on a loaded machine).
 pytestmark = pytest.mark.timeout(1200)
@@ -234,16 +237,6 @@ def _tests_before(nb, gid) -> list[str]:
     return [t for t in _tests(nb) if _pos(nb, t) < _pos(nb, gid)]
 
 
-def _solved(released, source):
-    """The release with the instructor's solution typed in, as a good student would."""
-    nb = copy.deepcopy(released)
-    src = {_gid(c): c.source for c in source.cells}
-    for cell in nb.cells:
-        if nbgrader_meta(cell).get("solution"):
-            cell.source = re.sub(r"[ \t]*### (BEGIN|END) SOLUTION\n", "", src[_gid(cell)])
-    return nb
-
-
 def _append(nb, gid, code):
     _find(nb, gid).source += "\n" + code
     return nb
@@ -253,26 +246,6 @@ def _replace_stub(nb, gid, line):
     cell = _find(nb, gid)
     cell.source, n = re.subn(r"raise NotImplementedError\(.*\)", line, cell.source)
     assert n == 1, cell.source
-    return nb
-
-
-def _insert_after(nb, gid, code):
-    nb.cells.insert(_pos(nb, gid) + 1, nbformat.v4.new_code_cell(code))
-    return nb
-
-
-#: A student's swaps that would make ex2's stub pass its test: the kernel's helpers (the
-#: cluster's methods) and an engine-side check, replaced from cells before the test.
-SWAPS = ('cluster.run = lambda f, *a, **k: [{"result": 5.0, "calls": {"all_reduce": 1}}] * 2\n'
-         'cluster.call = lambda name, *a, **k: [5.0, 5.0]\n',
-         "%%px\nimport course_utils.checks.collective_calls as m\n"
-         "m.engine_check_collectives = lambda *a, **k: {'result': 5.0, "
-         "'calls': {'all_reduce': 1}}\n")
-
-
-def _swap_helpers(nb):
-    for code in SWAPS:  # engines first: the kernel's swapped cluster.run is then in place
-        _insert_after(nb, "ex2-solution", code)
     return nb
 
 

@@ -150,12 +150,27 @@ def test_course_commands_are_thin_faces(tmp_path, capsys):
     assert main(["slides", "--unit", "0", "--out", str(tmp_path / "decks")]) == 0
     assert (tmp_path / "decks" / f"{UNITS[0].stem}.slides.html").exists()
     (tmp_path / "class" / "nobody").mkdir(parents=True)
-    assert main(["grade", str(tmp_path / "class"), "--course", str(tmp_path / "c")]) == 1
+    assert main(["grade", str(tmp_path / "class"), "--course", str(tmp_path / "c"),
+                 "--no-sandbox"]) == 1
     assert main(["feedback", str(tmp_path / "c")]) == 1
     assert main(["release", str(tmp_path / "d"), "--unit", "99"]) == 1
     err = capsys.readouterr().err
     assert "no submitted notebooks" in err and "nothing autograded" in err
     assert "no notebook for unit(s) [99]" in err and err.count("Fix: ") == 3
+
+
+def test_course_grade_sandboxes_by_default_where_bubblewrap_is(monkeypatch, capsys):
+    import shutil
+
+    from course_utils.instructor.commands import _sandbox_choice
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/bwrap")
+    assert _sandbox_choice(None) is True and _sandbox_choice(False) is False
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert _sandbox_choice(None) is False and _sandbox_choice(True) is True
+    err = capsys.readouterr().err
+    assert "not sandboxed" in err and "apt-get install bubblewrap" in err
 
 
 def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):

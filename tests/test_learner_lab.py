@@ -394,6 +394,10 @@ def test_solution_only_after_the_visible_test_ran(tmp_path, sources):
     assert text.startswith("# ex2-solution\nmodel = model.to(device)")
     assert "DistributedSampler" not in text  # that is ex1's
     assert workspace.load_manifest(wd)["solutions_shown"] == {sources[1].name: ["ex2"]}
+    # A workshop's learners' environment carries no source: a clear answer, not a traceback.
+    with pytest.raises(workspace.WorkspaceError, match="carries no solutions") as caught:
+        workspace.reveal_solution(wd, "3", "ex2", source_dir=tmp_path / "no-source")
+    assert "ask them" in caught.value.fix
 
 
 # --------------------------------------------------------------------------- course home

@@ -10,6 +10,7 @@ import pwd
 import re
 import shutil
 import stat
+import subprocess
 import tempfile
 import time
 from datetime import datetime
@@ -111,6 +112,51 @@ def test_course_workshop_writes_slurm_gres_profile_and_a_hub_config_that_loads(t
     assert c.JupyterHub.services[0]["api_token"] == token.read_text().strip()
     assert check.find_token(out) == token.read_text().strip()
     assert callable(c.Spawner.pre_spawn_hook)
+    # The labs run in the learners' environment: the course's code, none of the source.
+    env = out / "learner-env"
+    assert c.Spawner.cmd == [str(env / "bin" / "python"), "-m", "jupyterhub.singleuser"]
+    assert c.Spawner.environment["PATH"].startswith(f"{env / 'bin'}:")
+    # ... with JupyterLab in it (without these the hub's /user/<name>/lab is a 404), and the
+    # learner's page config (nbgrader's instructor tools hidden, as in `course lab`)
+    assert (env / "etc/jupyter/jupyter_server_config.d/jupyterlab.json").is_file()
+    assert (env / "share/jupyter/lab/static").is_dir()
+    page = json.loads((env / "etc/jupyter/labconfig/page_config.json").read_text())
+    assert page["disabledExtensions"]["@jupyter/nbgrader:create-assignment"] is True
+    assert "--LabApp.news_url=None" in c.Spawner.args
+    probe = subprocess.run(
+        [str(env / "bin" / "python"), "-c",
+         "import json, course_utils, jupyterhub.singleuser\n"
+         "from course_utils.assignments import lessons\n"
+         "print(json.dumps([course_utils.__file__, str(lessons.NOTEBOOK_DIR),"
+         " lessons.NOTEBOOK_DIR.exists()]))"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=True)
+    package, notebooks, there = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert package.startswith(str(env)) and notebooks.startswith(str(env)) and not there
+    assert not [p for p in env.rglob("*.ipynb")]  # no notebook at all, let alone a solution
+    work = tmp_path / "work"
+    (work / "00_cluster_tour.ipynb").parent.mkdir()
+    shutil.copy(release_copy(tmp_path), work / "00_cluster_tour.ipynb")
+    said = subprocess.run([str(env / "bin" / "course"), "solution", "0", "ex1", "--workdir",
+                           str(work)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert said.returncode == 1 and "carries no solutions" in said.stderr, said.stderr
+    assert "solutions come from your instructor" in said.stderr
+
+
+def release_copy(tmp_path: Path) -> Path:
+    """Unit 0 as a learner holds it, its visible tests run (so `course solution` may answer)."""
+    import nbformat
+
+    from course_utils.assignments.release import release
+    from course_utils.notebook_cells import is_test_cell
+
+    rel = release(tmp_path / "rel", units=[0])
+    path = rel.units[0].release
+    nb = nbformat.read(path, 4)
+    for cell in nb.cells:
+        if is_test_cell(cell):
+            cell.execution_count = 1
+    nbformat.write(nb, str(path))
+    return path
 
 
 def test_shared_gpus_become_shard_gres():
@@ -247,6 +293,30 @@ def test_workshop_check_names_each_fault_and_its_fix(rig, monkeypatch):
     assert down["gres"].status == "SKIP" and "\n" not in down["slurm"].detail
 
 
+def test_the_sources_check_fails_while_a_learner_can_read_the_checkout(rig):
+    from course_utils.workshop.learner_env import build_learner_env, source_places
+    from tests.rigs.workshop import closed_to_others
+
+    base = Path(tempfile.mkdtemp(prefix="course-learner-env-"))
+    try:
+        base.chmod(0o755)  # learners run its Python
+        env = build_learner_env(base).parent.parent
+        ws = rig.workshop()
+        opened = [p for p in source_places() if p.stat().st_mode & 0o005 == 0o005]
+        if opened:  # a checkout readable by all, as this one usually is
+            line = check.check_sources(ws, env)
+            print(line.text())
+            assert line.status == "FAIL" and f"{ws.learners[0]} can read" in line.detail
+            assert "chmod o-rwx" in line.fix
+        with closed_to_others(source_places()):
+            line = check.check_sources(ws, env)
+        print(line.text())
+        assert line.status == "PASS", line
+        assert check.check_sources(ws, None).status == "SKIP"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def _all_running(jobs: list[str], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while any(job_status(j).state != "RUNNING" for j in jobs):
@@ -353,11 +423,14 @@ def test_a_learners_cu_start_waits_in_the_queue_with_the_message_then_gets_a_gpu
 @pytest.fixture(scope="module")
 def running(rig):
     """The hub of `course workshop`'s config, in host a's namespace, the learners' release
-    being unit 0's student version; yields (workshop, the check service's token)."""
+    being unit 0's student version, the checkout's notebooks closed to others as an
+    instructor's are; yields (workshop, the check service's token, the folder of both)."""
     from course_utils.assignments.release import release
+    from course_utils.workshop.learner_env import source_places
     from tests.rigs.common import RigUnavailable, unavailable
     from tests.rigs.hub import proxy_command, running_hub
     from tests.rigs.twohosts import IFNAME
+    from tests.rigs.workshop import closed_to_others
 
     try:
         proxy_command()  # installs it from npm where allowed
@@ -371,18 +444,21 @@ def running(rig):
     written = render.write_workshop(ws, base / "out", base / "course" / "release")
     netns = rig.hosts.host("a").netns
     try:
-        with running_hub(written["jupyterhub_config.py"], netns, ws.hub_url, base / "hub.log"):
-            yield ws, check.find_token(base / "out")
+        with (closed_to_others(source_places()),
+              running_hub(written["jupyterhub_config.py"], netns, ws.hub_url, base / "hub.log")):
+            yield ws, check.find_token(base / "out"), base
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
 def test_workshop_check_passes_with_the_hub_and_a_test_learner_spawns(running):
-    ws, token = running
+    ws, token, base = running
     said: list[str] = []
-    lines = check.run_checks(ws, token=token, emit=said.append)
+    lines = check.run_checks(ws, token=token, emit=said.append,
+                             learner_env=base / "out" / "learner-env")
     print("\n".join(said))
-    assert [line.status for line in lines] == ["PASS"] * 7, said
+    assert [line.status for line in lines] == ["PASS"] * 8, said
+    assert "cannot read" in lines[5].detail and lines[5].name == "sources hidden"
     assert re.search(r"'s lab was ready in \d+\.\d s \(stopped again\)$", lines[-1].detail)
 
 
@@ -424,7 +500,7 @@ def test_four_learners_at_once_run_unit0_on_both_hosts_with_their_own_gpus(rig, 
 
     from tests.rigs.hub import LearnerLab
 
-    ws, token = running
+    ws, token, _ = running
     labs = [LearnerLab(ws.hub_url, user, token) for user in rig.learners]
     report: dict[str, dict] = {}
 
@@ -514,3 +590,150 @@ try:
 except ClusterTimeout:
     print("HUNG ClusterTimeout")
 """
+
+
+#: The hostile learner's cell after unit 0's set-up: each attempt prints one JSON line.
+HOSTILE = r'''
+import json, os
+def _try(what, fn):
+    try:
+        got = fn()
+        print(json.dumps([what, "ALLOWED", str(got)[:60]]))
+    except Exception as exc:
+        print(json.dumps([what, "DENIED", type(exc).__name__]))
+root = os.path.abspath("../../..")
+_try("read ann's notebook", lambda: open("ANN").read(16))
+_try("list submissions", lambda: os.listdir(os.path.join(root, "submitted")) or 1 / 0)
+_try("write beside gradebook", lambda: open(os.path.join(root, "pwned.txt"), "w").write("x"))
+'''
+
+
+def _attempts(autograded: Path) -> dict[str, str]:
+    import nbformat
+
+    nb = nbformat.read(autograded, 4)
+    lines = [json.loads(ln) for c in nb.cells if c.cell_type == "code"
+             for o in c.get("outputs", []) if o.get("name") == "stdout"
+             for ln in o.get("text", "").splitlines() if ln.startswith('["')]
+    return {what: how for what, how, _ in lines}
+
+
+def test_the_instructor_collects_every_learners_unit0_and_grades_it_sandboxed_in_two_jobs(
+        rig, running):
+    import copy
+
+    from course_utils.assignments.lessons import NOTEBOOK_DIR
+    from course_utils.assignments.release import read_nb
+    from course_utils.instructor.autograde import grade
+    from course_utils.workshop.collect import collect_work
+    from tests.rigs.common import require_bwrap
+    from tests.rigs.hub import LearnerLab
+    from tests.rigs.twohosts import IFNAME
+    from tests.submissions import insert_after, solved, swap_helpers
+
+    require_bwrap()
+    ws, token, base = running
+    course = base / "course"
+    unit0 = "00_cluster_tour.ipynb"
+    full = solved(read_nb(course / "release" / "unit0" / unit0), read_nb(NOTEBOOK_DIR / unit0))
+    ann, ben, cat, dan = rig.learners[:4]
+    ann_copy = Path(pwd.getpwnam(ann).pw_dir) / "course" / "unit0" / unit0
+    hand_in = {ann: full,                                     # right: full marks
+               ben: None,                                     # the release as it came
+               cat: swap_helpers(copy.deepcopy(full)),        # swaps the helpers ex2 calls
+               dan: insert_after(copy.deepcopy(full), "setup", HOSTILE.replace("ANN",
+                                                                               str(ann_copy)))}
+    for user, nb in hand_in.items():  # each saves through their own lab, as a browser does
+        lab = LearnerLab(ws.hub_url, user, token)
+        lab.login()
+        lab.start_lab()
+        if nb is not None:
+            lab.save(f"unit0/{unit0}", nb)
+    assert ann_copy.stat().st_uid == pwd.getpwnam(ann).pw_uid  # written by ann's own lab
+    got = collect_work(rig.workshop(learners=rig.learners[:4], interface=IFNAME), course, [0])
+    print(got.table())
+    assert sorted(got.notebooks) == sorted(hand_in) and got.missing == []
+    t0 = time.monotonic()
+    res = grade(course, course=course, units=[0], jobs=2, sandbox=True, cell_timeout=180)
+    took = time.monotonic() - t0
+    print(res.table())
+    print(f"course grade --jobs 2 --sandbox: {len(res.notebooks)} notebooks in {took:.1f} s")
+    if os.environ.get("COURSE_BENCH_SERIAL"):  # the same class in one job, for the note
+        t1 = time.monotonic()
+        serial = grade(course, course=course, units=[0], jobs=1, sandbox=True, cell_timeout=180)
+        print(f"course grade --jobs 1 --sandbox: {time.monotonic() - t1:.1f} s; same scores: "
+              f"{[g.score for g in serial.notebooks] == [g.score for g in res.notebooks]}")
+    score = {g.student: g for g in res.notebooks}
+    assert (score[ann].score, score[ann].max_score) == (6, 6), score[ann]
+    assert score[ben].score == 0, score[ben]
+    assert score[cat].score == 4, score[cat]  # ex2-test did not run: its helpers were swapped
+    why = {q.question: q.reason for q in score[cat].questions}
+    assert why["ex2-test"].startswith("ReplacedHelper"), why
+    # dan's attempts were denied, the notebook still earned its marks, and the grader noted it
+    tried = _attempts(course / "autograded" / dan / "unit0" / unit0)
+    print(tried, score[dan].notes)
+    assert tried == {"read ann's notebook": "DENIED", "list submissions": "DENIED",
+                     "write beside gradebook": "DENIED"}, tried
+    assert score[dan].score == 6 and not (course / "pwned.txt").exists()
+    note = "; ".join(score[dan].notes)
+    assert note.startswith("tried what the sandbox denies: ") and str(ann_copy) in note, note
+
+
+def test_a_learner_logs_in_in_chromium_and_runs_unit0_through_the_hub(rig, running):
+    """The login page, the lab the hub spawns, and unit 0 run from its Run menu, in headless
+    Chromium, as a learner at the workshop does (their ranks on both hosts, through Slurm)."""
+    from course_utils.assignments.lessons import NOTEBOOK_DIR
+    from course_utils.assignments.release import read_nb
+    from tests.rigs import browser
+    from tests.rigs.hub import LearnerLab
+    from tests.submissions import solved
+
+    browser.require_chromium()
+    ws, token, base = running
+    user = rig.learners[4]
+    password = rig.set_password(user)
+    unit0 = "00_cluster_tour.ipynb"
+    with browser.headless_chromium(allow_hosts=[ws.hub.address]) as driver:
+        t0 = time.monotonic()
+        driver.get(f"{ws.hub_url}/hub/login")
+        browser.wait_for(driver, "#username_input", 60, "the hub's login page")
+        browser.screenshot(driver, "workshop-1-login")
+        driver.find_element("css selector", "#username_input").send_keys(user)
+        driver.find_element("css selector", "#password_input").send_keys(password)
+        driver.find_element("css selector", "#login_submit").click()
+        browser.wait_for(driver, lambda d: f"/user/{user}/lab" in d.current_url
+                         and d.find_elements("css selector", "#jp-main-dock-panel"), 420,
+                         "the learner's JupyterLab after login")
+        print(f"login page to the learner's lab: {time.monotonic() - t0:.1f} s")
+        browser.screenshot(driver, "workshop-2-lab")
+        lab = LearnerLab(ws.hub_url, user, token)
+        lab.login()
+        # Render every cell (JupyterLab skips off-screen ones), as the learner's own setting.
+        code, _ = hub_call_lab(lab, "/lab/api/settings/@jupyterlab/notebook-extension:tracker",
+                               {"raw": json.dumps({"windowingMode": "none"})})
+        assert code in (200, 204), code
+        release = base / "course" / "release" / "unit0" / unit0
+        lab.save(f"unit0/{unit0}", solved(read_nb(release), read_nb(NOTEBOOK_DIR / unit0)))
+        driver.get(f"{ws.hub_url}/user/{user}/lab/tree/unit0/{unit0}?reset")
+        browser.wait_for(driver, lambda d: d.find_elements(
+            "css selector", f"{browser.NOTEBOOK_PANEL_CSS} .jp-Notebook .jp-Cell"), 120,
+            "unit 0 to show its cells")
+        browser.wait_kernel_idle(driver, 180)
+        t1 = time.monotonic()
+        cells = browser.run_all_cells(driver, timeout=420)
+        print(f"unit 0, Run All Cells through the hub: {time.monotonic() - t1:.1f} s")
+        browser.scroll_to_cell(driver, -1)
+        browser.screenshot(driver, "workshop-3-unit0-end")
+        assert browser.problems(cells) == [], "\n".join(browser.problems(cells))
+        hello = next(c for c in cells
+                     if c.source.startswith("%%px") and "rank {rank} of" in c.source)
+        for r, host in enumerate(("rig-a", "rig-b")):  # one rank on each host
+            assert re.search(rf"\[rank {r}, engine \d+\] rank {r} of 2 on {host}",
+                             hello.text), hello.text
+
+
+def hub_call_lab(lab, path: str, body: dict) -> tuple[int, dict]:
+    """PUT ``body`` to ``path`` of the learner's lab server (not its /api)."""
+    from course_utils.workshop.check import hub_call
+
+    return hub_call(f"{lab.hub_url}/user/{lab.user}{path}", lab.token, "PUT", body, 60)

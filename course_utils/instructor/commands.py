@@ -2,11 +2,13 @@
 
     course release OUTDIR [--unit N ...]
     course grade SUBMISSIONS [--course OUTDIR] [--unit N ...] [--cell-timeout S]
-                             [--notebook-timeout S] [--engines N]
+                             [--notebook-timeout S] [--engines N] [--jobs N]
+                             [--sandbox | --no-sandbox]
     course feedback [COURSE] [--unit N ...] [--student NAME ...]
     course slides [--unit N ...] [--out DIR] [--execute] [--write-metadata]
     course workshop FILE [--out DIR] [--course DIR]
-    course workshop check FILE [--token TOKEN]
+    course workshop check FILE [--out DIR] [--token TOKEN]
+    course workshop collect FILE [--course DIR] [--unit N ...]
 
 Each is a thin face over a library function of the same name in this package; nbgrader and
 nbconvert are imported only when a command runs. :func:`_add` sets up what every one of them
@@ -74,12 +76,27 @@ def cmd_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sandbox_choice(asked: bool | None) -> bool:
+    """``--sandbox``/``--no-sandbox`` as asked; by default a sandbox wherever bubblewrap is
+    installed (the code graded is the learners'), else a warning that names the fix."""
+    import shutil
+
+    if asked is not None:
+        return asked
+    if shutil.which("bwrap"):
+        return True
+    print("course grade: not sandboxed (bubblewrap is not installed): the learners' code runs "
+          "as you, beside the gradebook. Fix: apt-get install bubblewrap (or pass "
+          "--no-sandbox to say you trust every submission)", file=sys.stderr)
+    return False
+
+
 def cmd_grade(args: argparse.Namespace) -> int:
     from .autograde import grade
 
     res = grade(args.submissions, course=args.course, units=args.unit,
                 cell_timeout=args.cell_timeout, notebook_timeout=args.notebook_timeout,
-                engines=args.engines, jobs=args.jobs, sandbox=args.sandbox)
+                engines=args.engines, jobs=args.jobs, sandbox=_sandbox_choice(args.sandbox))
     print(res.table())
     return 0
 
@@ -108,17 +125,33 @@ def cmd_slides(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workshop_collect(args: argparse.Namespace) -> int:
+    from ..workshop.collect import collect_work
+    from ..workshop.plan import load_workshop
+
+    got = collect_work(load_workshop(args.rest[0]), Path(args.course), units=args.unit)
+    print(f"course workshop collect: into {got.course / 'submitted'}\n{got.table()}")
+    print(f"grade them: course grade {got.course} --jobs N  (in a sandbox; N: clusters this "
+          "host runs at once)")
+    return 0
+
+
 def cmd_workshop(args: argparse.Namespace) -> int:
     from ..workshop.plan import load_workshop
 
+    if args.file in ("check", "collect") and not args.rest:
+        raise CourseError(f"`course workshop {args.file}` needs the workshop file",
+                          f"course workshop {args.file} workshop.toml")
+    if args.file == "collect":  # `course workshop collect FILE --course DIR`
+        return _workshop_collect(args)
     if args.file == "check":  # `course workshop check FILE`
-        if not args.rest:
-            raise CourseError("`course workshop check` needs the workshop file",
-                              "course workshop check workshop.toml")
         from ..workshop.check import find_token, run_checks, summary
 
         token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN") or find_token(args.out)
-        lines = run_checks(load_workshop(args.rest[0]), token=token)
+        from ..workshop.learner_env import FOLDER
+
+        lines = run_checks(load_workshop(args.rest[0]), token=token,
+                           learner_env=Path(args.out) / FOLDER)
         print(f"course workshop check: {summary(lines)}")
         return 1 if any(line.status == "FAIL" for line in lines) else 0
     if args.rest:
@@ -153,9 +186,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--jobs", type=int, default=1,
                    help="students graded at once, each job with its own clusters (default 1); "
                         "each job needs the cores of one cluster")
-    g.add_argument("--sandbox", action="store_true",
+    g.add_argument("--sandbox", action=argparse.BooleanOptionalAction, default=None,
                    help="run each notebook's kernel and cluster in a bubblewrap sandbox: an "
-                        "unprivileged user, no network, no gradebook, no other submissions")
+                        "unprivileged user, no network, no gradebook, no other submissions "
+                        "(default: on wherever bwrap is installed)")
 
     f = _add(sub, "feedback", cmd_feedback, "nbgrader HTML feedback per student and unit")
     f.add_argument("course", nargs="?", default=DEFAULT_COURSE,
@@ -173,12 +207,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     w = _add(sub, "workshop", cmd_workshop, "a workshop file -> the hub's config, Slurm's GRES "
              "lines and the learners' profile; `course workshop check FILE` checks it all",
              units=False)
-    w.add_argument("file", help="the workshop file (workshops/example.toml), or `check`")
+    w.add_argument("file", help="the workshop file (workshops/example.toml), or `check` or "
+                                "`collect` followed by it")
     w.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     w.add_argument("--out", default="workshop", help="where the files go (default: workshop/)")
     w.add_argument("--course", default=DEFAULT_COURSE,
                    help=f"the course folder of `course release` (default: {DEFAULT_COURSE}/); "
                         "each learner starts with a copy of its release/")
+    w.add_argument("--unit", type=int, action="append", metavar="N",
+                   help="collect: only unit N (repeat for more); default: every unit")
     w.add_argument("--token", default=None,
                    help="check: a hub API token that may start labs (default: "
                         "$JUPYTERHUB_API_TOKEN, else the one `course workshop` wrote in --out)")

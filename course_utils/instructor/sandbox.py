@@ -11,7 +11,8 @@ notebook starts under bubblewrap (``bwrap``, Debian's ``bubblewrap``):
   notebook's ``cu.start()`` launches runs *inside* (controller and engines are the kernel's
   children), and nothing outside is reachable; every process in it ends with the kernel;
 - seeing the file system read-only, with the course folder (gradebook, submissions, source),
-  the source notebooks, the instructor's home and ``/tmp`` replaced by empty folders; only
+  the source notebooks, the instructor's home, every person's home (``/home``: at a workshop,
+  the learners' work) and ``/tmp`` replaced by empty folders; only
   the folder nbgrader grades this notebook in is writable;
 - talking to the grader over IPC sockets in a folder of its own (no TCP port at all).
 
@@ -64,11 +65,19 @@ def kept_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(KEEP_ENV)}
 
 
+def _outermost(paths: list[str]) -> list[str]:
+    """``paths`` without those inside another of them (hidden already), in their order."""
+    real = [os.path.realpath(p) for p in paths]
+    return [p for p, r in zip(paths, real, strict=True)
+            if not any(r != o and r.startswith(o.rstrip("/") + "/") for o in real)]
+
+
 def sandbox_argv(hide: list[str], writable: list[str], readable: list[str],
                  env: dict[str, str], cwd: str) -> list[str]:
     """The ``bwrap`` prefix: hide ``hide`` (empty read-only folders), then bind ``readable``
     read-only and ``writable`` read-write at their own paths, on top; ``env`` is the whole
     environment."""
+    hide = _outermost(hide)
     argv = [bwrap(), "--die-with-parent", "--unshare-all", "--uid", NOBODY, "--gid", NOBODY,
             "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
             "--dir", "/tmp/home"]
@@ -172,6 +181,20 @@ class SandboxedKernelManager(AsyncKernelManager):
             shutil.rmtree(self.socket_dir, ignore_errors=True)
 
 
+def people_homes() -> list[str]:
+    """``/home`` and every other home of a person's account (uid >= 1000): at a workshop the
+    learners' work lives there, and a graded notebook must not read another learner's."""
+    import pwd
+
+    homes = ["/home"] if os.path.isdir("/home") else []
+    for entry in pwd.getpwall():
+        home = os.path.realpath(entry.pw_dir)
+        if (1000 <= entry.pw_uid < 65534 and os.path.isdir(home) and home != "/"
+                and not home.startswith("/home/") and home not in homes):
+            homes.append(home)
+    return homes
+
+
 def configure(cfg: Any, root: Path) -> None:
     """Make nbgrader's execution of every notebook under ``cfg`` run sandboxed; ``root`` is the
     course folder (hidden, but for the folder each notebook is graded in)."""
@@ -182,5 +205,6 @@ def configure(cfg: Any, root: Path) -> None:
 
     package = str(Path(course_utils.__file__).resolve().parent)
     cfg.CourseExecute.kernel_manager_class = SandboxedKernelManager
-    cfg.SandboxedKernelManager.hide = [str(root), str(NOTEBOOK_DIR), os.path.expanduser("~")]
+    cfg.SandboxedKernelManager.hide = [str(root), str(NOTEBOOK_DIR), os.path.expanduser("~"),
+                                       *people_homes()]
     cfg.SandboxedKernelManager.readable = [package]

@@ -345,6 +345,10 @@ def reveal_solution(workdir: str | os.PathLike[str], unit: str, exercise: str,
             "try it first: run the exercise's test cell, save the notebook (Ctrl-S), "
             "then ask again")
     src = (source_dir or lessons.NOTEBOOK_DIR) / path.name
+    if not src.is_file():  # a workshop's learners' environment carries no source
+        raise WorkspaceError(
+            f"this installation of the course carries no solutions ({src} is not here)",
+            "in a workshop, solutions come from your instructor: ask them")
     text = solution_text(lessons.read(src), exercise)
     if not text:
         raise WorkspaceError(f"the course has no solution for {exercise} of {path.name}",

@@ -41,7 +41,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -114,10 +114,12 @@ def _kill_pids(pids: list[int]) -> None:
 @contextlib.contextmanager
 def headless_chromium(*, window: tuple[int, int] = WINDOW_SIZE, page_load_timeout: float = 30,
                       script_timeout: float = 30,
-                      command_timeout: float = 60) -> Iterator[WebDriver]:
+                      command_timeout: float = 60,
+                      allow_hosts: Sequence[str] = ()) -> Iterator[WebDriver]:
     """A headless Chromium driven by /usr/bin/chromedriver, with its own throw-away profile.
 
     The page area (``innerWidth`` x ``innerHeight``) and so every screenshot is ``window``.
+    Only localhost resolves, and the addresses in ``allow_hosts`` (e.g. the workshop rig's hub).
 
     Every page load, script and driver command is bounded. On exit (also after an error) the
     browser quits, any process still using the profile is killed by pid, and the profile
@@ -135,7 +137,8 @@ def headless_chromium(*, window: tuple[int, int] = WINDOW_SIZE, page_load_timeou
             "--disable-extensions", "--disable-background-networking", "--disable-sync",
             "--disable-component-update", "--disable-default-apps",
             # Nothing leaves this machine: every host name but localhost fails to resolve.
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"]
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"
+            + "".join(f", EXCLUDE {host}" for host in allow_hosts)]
     if os.geteuid() == 0:
         args.append("--no-sandbox")  # Chromium refuses to start as root with its sandbox on
     for arg in args:

@@ -94,3 +94,15 @@ def apt_install(packages: Sequence[str], recommends: bool = False,
     finally:
         if made:
             _POLICY.unlink(missing_ok=True)
+
+
+def require_bwrap() -> None:
+    """bubblewrap for ``course grade --sandbox``: installed where allowed, else a skip naming
+    the command."""
+    import shutil
+
+    if shutil.which("bwrap") is None and install_allowed() and os.geteuid() == 0:
+        apt_install(["bubblewrap"], timeout=600)
+    if shutil.which("bwrap") is None:
+        unavailable("bubblewrap (bwrap) is not installed",
+                    install_command(["bubblewrap"]) + "  # as root")

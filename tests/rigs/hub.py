@@ -117,7 +117,7 @@ class LearnerLab:
         t0 = time.monotonic()
         code, _ = _get(f"{self.hub_url}/hub/api/users/{self.user}/server", self.token, "POST",
                        timeout=timeout)
-        if code not in (201, 202):
+        if code not in (201, 202, 400):  # 400: it runs already (an earlier test started it)
             raise RigError(f"starting {self.user}'s lab: HTTP {code}")
         while time.monotonic() - t0 < timeout:
             _, model = _get(f"{self.hub_url}/hub/api/users/{self.user}", self.token)
@@ -128,6 +128,14 @@ class LearnerLab:
 
     def api(self, path: str, method: str = "GET", body: dict | None = None) -> tuple[int, dict]:
         return _get(f"{self.hub_url}/user/{self.user}/api{path}", self.token, method, body)
+
+    def save(self, path: str, nb: dict) -> None:
+        """Save notebook ``nb`` at ``path`` (under the lab's root, ``~/course``) as the
+        learner's browser does on Ctrl-S: through their lab's contents API."""
+        code, _ = self.api(f"/contents/{path}", "PUT",
+                           {"type": "notebook", "format": "json", "content": nb})
+        if code not in (200, 201):
+            raise RigError(f"{self.user}: saving {path} gave HTTP {code}")
 
     def start_kernel(self) -> None:
         _, specs = self.api("/kernelspecs")

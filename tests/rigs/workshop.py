@@ -117,6 +117,22 @@ def reachable_by_all(*paths: str, state: Path = REACHABLE_STATE) -> Iterator[lis
                 st["modes"] = {}
 
 
+@contextlib.contextmanager
+def closed_to_others(paths: Sequence[Path]) -> Iterator[None]:
+    """``chmod o-rwx`` on ``paths`` while the rig runs (root's tests still read them): the
+    checkout here is world-readable, an instructor's on a workshop host is not."""
+    modes = {}
+    for path in paths:
+        modes[path] = stat.S_IMODE(path.stat().st_mode)
+        path.chmod(modes[path] & ~0o007)
+    try:
+        yield
+    finally:
+        for path, mode in modes.items():
+            with contextlib.suppress(OSError):
+                path.chmod(mode)
+
+
 @dataclass
 class WorkshopRig:
     """A built rig: the Slurm cluster over the two hosts and the learners' users."""
@@ -154,6 +170,17 @@ class WorkshopRig:
         job = done.stdout.strip().split(";")[0]
         self.jobs.append(job)
         return job
+
+    def set_password(self, user: str) -> str:
+        """Give ``user`` a fresh random password (for the hub's PAM login page); it."""
+        import secrets
+
+        password = secrets.token_urlsafe(12)
+        done = subprocess.run(["chpasswd"], input=f"{user}:{password}\n", capture_output=True,
+                              text=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise RigError(f"chpasswd for {user} failed: {done.stderr.strip()}")
+        return password
 
     def cancel_all(self) -> None:
         if self.jobs:
