@@ -3,7 +3,9 @@ each typical learner mistake, planted in its solution cell, must fail the graded
 it, with a message naming the fix, within ``WITHIN_S`` seconds, while no earlier graded test
 fails.
 
-Speed: one kernel and one cluster for the whole catalogue (mistakes are sorted by notebook).
+Speed: one kernel and one cluster for the whole catalogue (mistakes are sorted by notebook),
+but for a kernel that imported TensorFlow, which is replaced before the next torch unit (so any
+``-k`` subset runs as the whole does).
 Cells before a mistake's solution cell run once per notebook in their original form; for each
 mistake only the mutated solution cell and the cells up to its failing test run. A mistake can
 leave the process group with unfinished messages (that is what the learner meets too): before
@@ -133,6 +135,14 @@ print("clean" if _course_clean else "restarted")
 '''
 
 
+#: Asked when the catalogue's kernel moves on to another notebook: a kernel that imported
+#: TensorFlow (units 4 and 5 make the kernel their coordinator) is replaced before a torch
+#: unit, as a learner's next notebook gets a kernel of its own (torch's triton hooks refuse a
+#: process with TensorFlow; the full catalogue passed only because a unit 5 mistake happened
+#: to restart the engines last).
+HAS_TF = 'import sys\nprint("tensorflow" in sys.modules)'
+
+
 def load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"mistake_{path.stem}", path)
     assert spec and spec.loader
@@ -178,23 +188,38 @@ class Kernel:
     its top, like "Run all" in a kernel that already ran the previous unit."""
 
     def __init__(self) -> None:
-        from nbclient import NotebookClient
-
         # Its own working folder: planted mistakes write unit 6's train_ddp.py and checkpoints.
         self.workdir = private_notebook_dir(Path(tempfile.mkdtemp(prefix="course-mistakes-")))
-        self.client = NotebookClient(read(NOTEBOOK_DIR / MISTAKES_NOTEBOOKS[0]), timeout=300,
-                                     allow_errors=True, kernel_name="python3",
-                                     resources={"metadata": {"path": str(self.workdir)}})
         self.stack = contextlib.ExitStack()
-        env = {**os.environ, "COURSE_CLUSTER_ID": f"mistakes-{os.getpid()}"}
-        self.stack.enter_context(self.client.setup_kernel(env=env))
+        self._start_kernel()
         self.notebook, self.nb, self.done = "", None, 0
         self.used = False
         self.failed_tests: list[str] = []
         self.errors: list[str] = []
 
+    def _start_kernel(self) -> None:
+        from nbclient import NotebookClient
+
+        self.client = NotebookClient(read(NOTEBOOK_DIR / MISTAKES_NOTEBOOKS[0]), timeout=300,
+                                     allow_errors=True, kernel_name="python3",
+                                     resources={"metadata": {"path": str(self.workdir)}})
+        env = {**os.environ, "COURSE_CLUSTER_ID": f"mistakes-{os.getpid()}"}
+        self.stack.enter_context(self.client.setup_kernel(env=env))
+
+    def _kernel_has_tf(self) -> bool:
+        from nbformat.v4 import new_code_cell
+
+        cell = new_code_cell(HAS_TF)
+        self.client.execute_cell(cell, 0)
+        return "True" in "".join(o.get("text", "") for o in cell.outputs)
+
     def open(self, name: str) -> None:
         if name != self.notebook:
+            if self.notebook and "_tf" not in name and self._kernel_has_tf():
+                self._teardown()  # the kernel's cu.stop(): its cluster goes with it
+                self.stack.close()
+                self.stack = contextlib.ExitStack()
+                self._start_kernel()
             self.notebook, self.nb, self.done = name, read(NOTEBOOK_DIR / name), 0
             self.failed_tests, self.errors = [], []
 
@@ -228,11 +253,14 @@ class Kernel:
         if "clean" not in said:
             self.done = 0
 
-    def close(self) -> None:
+    def _teardown(self) -> None:
         with contextlib.suppress(Exception):
             for i, cell in enumerate(self.nb.cells if self.nb else []):
                 if "teardown" in nbgrader_meta(cell).get("grade_id", ""):
                     self.execute(cell, i)
+
+    def close(self) -> None:
+        self._teardown()
         self.stack.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
