@@ -159,6 +159,21 @@ def release_copy(tmp_path: Path) -> Path:
     return path
 
 
+def test_course_workshop_collect_lists_who_had_nothing_and_refuses_a_wrong_folder(
+        tmp_path, capsys):
+    assert course(["workshop", "collect", str(EXAMPLE), "--course", str(tmp_path / "no")]) == 1
+    err = capsys.readouterr().err
+    assert "is not a course folder" in err and "Fix: pass --course" in err
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "nbgrader_config.py").write_text("")
+    assert course(["workshop", "collect", str(EXAMPLE), "--course", str(tmp_path / "c"),
+                   "--unit", "0"]) == 0
+    out = capsys.readouterr().out  # the example's learners are no users of this machine
+    assert "alice: nothing to collect" in out and "course grade" in out
+    assert course(["workshop", "collect"]) == 1
+    assert "needs the workshop file" in capsys.readouterr().err
+
+
 def test_shared_gpus_become_shard_gres():
     ws = workshop_from_dict({"learners": 9, "shards_per_gpu": 2, "hosts": _hosts(2, 2)})
     assert "GresTypes=gpu,shard" in render.slurm_lines(ws)
