@@ -282,7 +282,8 @@ def test_workshop_check_names_each_fault_and_its_fix(rig, monkeypatch):
     more = rig.workshop(hosts=[{"name": n, "address": a, "gpus": 8}
                                for n, (_, a) in rig.slurm.nodes.items()])
     gres = _lines(more)["gres"]
-    assert gres.status == "FAIL" and "rig-a has {'gpu': 4}, the file says {'gpu': 8}" in gres.detail
+    assert gres.status == "FAIL" and "rig-a has {'gpu': 4, " in gres.detail
+    assert "the file says {'gpu': 8}" in gres.detail
     assert "gres.conf" in gres.fix
     wrong_part = _lines(rig.workshop(partition="gpus"))
     part = wrong_part["partition"]
@@ -367,6 +368,22 @@ def test_learners_get_distinct_gpus_and_the_next_one_is_queued_with_the_holders(
         assert re.search(rf"{user}\s+job {job}: 2 GPUs on rig-a,rig-b, running 00:00:\d\d, "
                          r"at most 0:0[45]:\d\d left", msg), msg
     rig.cancel_all()
+
+
+def test_shared_gpus_let_every_learner_run_at_once(rig):
+    """``shards_per_gpu = 2``: the same four GPUs per host hold eight learners' ranks (Slurm's
+    ``shard`` GRES), so all five learners run at once, none queued."""
+    ws = rig.workshop(shards_per_gpu=2)
+    assert (ws.capacity, ws.queued) == (8, 0)
+    lines = _lines(ws)
+    assert lines["gres"].status == "PASS", lines["gres"]
+    assert lines["a learner's ranks"].status == "PASS", lines["a learner's ranks"]
+    try:
+        jobs = [rig.submit_as(user, ws) for user in rig.learners]
+        _all_running(jobs)
+        print({j: job_status(j).state for j in jobs})
+    finally:
+        rig.cancel_all()
 
 
 def test_the_hub_hook_gives_a_learner_their_own_closed_copy_of_the_release(rig, tmp_path):

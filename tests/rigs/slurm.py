@@ -299,13 +299,15 @@ class SlurmRig:
     """No accounting storage: ``sacct`` says "Slurm accounting storage is disabled"."""
     gpus: int = 0
     """Fake GPUs per node (GRES ``gpu``): character devices ``mknod``-made under ``dev/<node>/``."""
+    shards: int = 0
+    """GRES ``shard`` per node (Slurm's GPU sharing; spread over the node's fake GPUs)."""
     _down: bool = False
 
     # -- building -----------------------------------------------------------------------------
 
     @classmethod
     def start(cls, cpus: int = 2, partition: str = "debug", timeout: float = 30.0,
-              hosts: object | None = None, gpus: int = 0) -> SlurmRig:
+              hosts: object | None = None, gpus: int = 0, shards: int = 0) -> SlurmRig:
         """Start munged, slurmctld and slurmd in a fresh directory; wait until the node is idle.
 
         ``hosts``: a built ``TwoHostRig`` (tests/rigs/twohosts.py); then there is one node per
@@ -313,6 +315,7 @@ class SlurmRig:
         ``gpus``: fake GPUs per node as GRES (``Gres=gpu:N``; gres.conf ``File=`` lines name
         character devices made with ``mknod``, major 195 as NVIDIA's; ``AutoDetect=off``). Slurm
         hands them out and sets ``CUDA_VISIBLE_DEVICES``; without cgroups nothing enforces it.
+        ``shards``: as many ``shard`` GRES per node too (requests of ``--gres=shard:1``).
         Cleans leftovers of crashed runs first. On any failure everything made is removed and a
         :class:`RigError` with the daemons' log tails is raised.
         """
@@ -340,7 +343,7 @@ class SlurmRig:
         conf = root / "slurm.conf"
         rig = cls(root=root, conf=conf, partition=partition, node=node, cpus=cpus,
                   ctld_port=ctld_port, slurmd_port=slurmd_port, env={"SLURM_CONF": str(conf)},
-                  nodes=nodes, ctld_addr=ctld_addr, gpus=gpus)
+                  nodes=nodes, ctld_addr=ctld_addr, gpus=gpus, shards=shards)
         atexit.register(rig.teardown)
         try:
             rig._write_files()
@@ -357,12 +360,13 @@ class SlurmRig:
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
         (self.root / "plugstack.conf").write_text("")
-        gres = f" Gres=gpu:{self.gpus}" if self.gpus else ""
+        gres = (f" Gres=gpu:{self.gpus}" + (f",shard:{self.shards}" if self.shards else "")
+                if self.gpus else "")
         node_lines = "\n".join(
             f"NodeName={name} NodeAddr={addr} NodeHostname={name if netns else _short_hostname()} "
             f"CPUs={self.cpus}{gres} State=UNKNOWN" for name, (netns, addr) in self.nodes.items())
         if self.gpus:
-            node_lines = "GresTypes=gpu\n" + node_lines
+            node_lines = f"GresTypes=gpu{',shard' if self.shards else ''}\n" + node_lines
             self._make_gpus()
         if any(netns for netns, _ in self.nodes.values()):
             # Each namespaced node gets this as its /etc/hosts (see _start_daemons).
@@ -387,6 +391,8 @@ class SlurmRig:
                 os.mknod(folder / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(195, i))
             files = f"nvidia[0-{self.gpus - 1}]" if self.gpus > 1 else "nvidia0"
             lines.append(f"NodeName={name} Name=gpu File={folder / files}")
+            if self.shards:
+                lines.append(f"NodeName={name} Name=shard Count={self.shards}")
         (self.root / "gres.conf").write_text("\n".join(lines) + "\n")
 
     def _spawn(self, name: str, cmd: list[str]) -> None:

@@ -158,7 +158,9 @@ class WorkshopRig:
         """A job of ``user`` with a learner's request (one GPU on every host); its id."""
         cmd = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.slurm.conf}", "sbatch",
                "--parsable", f"--partition={ws.partition}", f"--nodes={len(ws.hosts)}",
-               f"--ntasks-per-node={ws.gpus_per_learner}", "--gpus-per-task=1", "--time=5",
+               f"--ntasks-per-node={ws.gpus_per_learner}",
+               f"--gres=shard:{ws.gpus_per_learner}" if ws.shared else "--gpus-per-task=1",
+               "--time=5",
                f"--chdir={pwd.getpwnam(user).pw_dir}", "--output=%x-%j.out",
                "--job-name=learner-engines",
                "--wrap", f"srun sh -c 'echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES'; "
@@ -192,7 +194,9 @@ class WorkshopRig:
 def workshop_rig(hosts: object, learners: Sequence[str] = ("ann", "ben", "cat", "dan", "eve")
                  ) -> Iterator[WorkshopRig]:
     """Slurm with :data:`GPUS_PER_HOST` fake GPUs on each of ``hosts`` and OS users."""
-    slurm = SlurmRig.start(cpus=4, hosts=hosts, gpus=GPUS_PER_HOST)
+    # shards too: a workshop file with shards_per_gpu = 2 shares the same fake GPUs
+    slurm = SlurmRig.start(cpus=2 * GPUS_PER_HOST, hosts=hosts, gpus=GPUS_PER_HOST,
+                           shards=2 * GPUS_PER_HOST)  # a CPU for each shard's rank
     try:
         with (os_users(learners) as users, slurm.activated(),
               reachable_by_all(sys.base_prefix, sys.prefix)):
