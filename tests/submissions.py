@@ -20,6 +20,32 @@ SWAPS = ('cluster.run = lambda f, *a, **k: [{"result": 5.0, "calls": {"all_reduc
          "'calls': {'all_reduce': 1}}\n")
 
 
+#: The start of a hostile learner's probe cell: ``_try(what, fn)`` prints one JSON line per
+#: attempt (ALLOWED or DENIED); ``root`` is the course folder, seen from nbgrader's
+#: ``autograded/<student>/<unit>/``. :func:`probe_verdicts` reads the lines back.
+PROBE_PREAMBLE = r'''
+import json, os, socket
+def _try(what, fn):
+    try:
+        got = fn()
+        print(json.dumps([what, "ALLOWED", str(got)[:60]]))
+    except Exception as exc:
+        print(json.dumps([what, "DENIED", type(exc).__name__]))
+root = os.path.abspath("../../..")
+'''
+
+
+def probe_verdicts(graded) -> dict[str, str]:
+    """What each ``_try`` of :data:`PROBE_PREAMBLE` printed in the graded notebook ``graded``:
+    attempt -> ALLOWED/DENIED."""
+    import json
+
+    lines = [json.loads(ln) for c in graded.cells if c.cell_type == "code"
+             for o in c.get("outputs", []) if o.get("name") == "stdout"
+             for ln in o.get("text", "").splitlines() if ln.startswith('["')]
+    return {what: how for what, how, _ in lines}
+
+
 def grade_id(cell) -> str:
     return nbgrader_meta(cell).get("grade_id", "")
 

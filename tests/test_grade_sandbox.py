@@ -22,21 +22,13 @@ from course_utils.instructor import sandbox
 from course_utils.instructor.autograde import grade
 from course_utils.notebook_cells import nbgrader_meta
 from tests.rigs.common import require_bwrap
-from tests.submissions import solved
+from tests.submissions import PROBE_PREAMBLE, probe_verdicts, solved
 
 UNIT0 = "00_cluster_tour.ipynb"
 pytestmark = pytest.mark.timeout(900)
 
 #: The cell the hostile learner adds after the set-up cell: each attempt prints one line.
-PROBES = r'''
-import json, os, socket
-def _try(what, fn):
-    try:
-        got = fn()
-        print(json.dumps([what, "ALLOWED", str(got)[:60]]))
-    except Exception as exc:
-        print(json.dumps([what, "DENIED", type(exc).__name__]))
-root = os.path.abspath("../../..")
+PROBES = PROBE_PREAMBLE + r'''
 _try("read gradebook", lambda: open(os.path.join(root, "gradebook.db"), "rb").read(16))
 _try("list submissions", lambda: os.listdir(os.path.join(root, "submitted")) or 1 / 0)
 _try("read eve", lambda: open(os.path.join(root, "submitted/eve/unit0/UNIT0")).read(16))
@@ -85,15 +77,12 @@ def test_sandboxed_grading_denies_every_attempt_and_still_grades(tmp_path):
     assert list(got) == ["mallory"]  # the notebook's own cluster ran inside the sandbox:
     assert got["mallory"].score == got["mallory"].max_score == 6, got["mallory"]
     ran = read_nb(course.root / "autograded" / "mallory" / "unit0" / UNIT0)
-    lines = [json.loads(ln) for c in ran.cells if c.cell_type == "code"
-             for o in c.get("outputs", []) if o.get("name") == "stdout"
-             for ln in o.get("text", "").splitlines() if ln.startswith('["')]
-    print(lines)
-    verdict = {what: how for what, how, _ in lines}
+    verdict = probe_verdicts(ran)
+    print(verdict)
     assert verdict == {"read gradebook": "DENIED", "list submissions": "DENIED",
                        "read eve": "DENIED", "write beside gradebook": "DENIED",
                        "read source": "DENIED", "connect out": "DENIED",
-                       "whoami": "ALLOWED"}, lines
+                       "whoami": "ALLOWED"}, verdict
     assert not (course.root / "pwned.txt").exists() and not reached
     # ... and the grader recorded what was tried (the audit hook of sandbox_kernel)
     note = "; ".join(got["mallory"].notes)

@@ -624,30 +624,12 @@ except ClusterTimeout:
 """
 
 
-#: The hostile learner's cell after unit 0's set-up: each attempt prints one JSON line.
+#: The hostile learner's cell after unit 0's set-up (tests/submissions.py's probe start).
 HOSTILE = r'''
-import json, os
-def _try(what, fn):
-    try:
-        got = fn()
-        print(json.dumps([what, "ALLOWED", str(got)[:60]]))
-    except Exception as exc:
-        print(json.dumps([what, "DENIED", type(exc).__name__]))
-root = os.path.abspath("../../..")
 _try("read ann's notebook", lambda: open("ANN").read(16))
 _try("list submissions", lambda: os.listdir(os.path.join(root, "submitted")) or 1 / 0)
 _try("write beside gradebook", lambda: open(os.path.join(root, "pwned.txt"), "w").write("x"))
 '''
-
-
-def _attempts(autograded: Path) -> dict[str, str]:
-    import nbformat
-
-    nb = nbformat.read(autograded, 4)
-    lines = [json.loads(ln) for c in nb.cells if c.cell_type == "code"
-             for o in c.get("outputs", []) if o.get("name") == "stdout"
-             for ln in o.get("text", "").splitlines() if ln.startswith('["')]
-    return {what: how for what, how, _ in lines}
 
 
 def test_the_instructor_collects_every_learners_unit0_and_grades_it_sandboxed_in_two_jobs(
@@ -661,7 +643,13 @@ def test_the_instructor_collects_every_learners_unit0_and_grades_it_sandboxed_in
     from tests.rigs.common import require_bwrap
     from tests.rigs.hub import LearnerLab
     from tests.rigs.twohosts import IFNAME
-    from tests.submissions import insert_after, solved, swap_helpers
+    from tests.submissions import (
+        PROBE_PREAMBLE,
+        insert_after,
+        probe_verdicts,
+        solved,
+        swap_helpers,
+    )
 
     require_bwrap()
     ws, token, base = running
@@ -670,11 +658,11 @@ def test_the_instructor_collects_every_learners_unit0_and_grades_it_sandboxed_in
     full = solved(read_nb(course / "release" / "unit0" / unit0), read_nb(NOTEBOOK_DIR / unit0))
     ann, ben, cat, dan = rig.learners[:4]
     ann_copy = Path(pwd.getpwnam(ann).pw_dir) / "course" / "unit0" / unit0
+    probes = PROBE_PREAMBLE + HOSTILE.replace("ANN", str(ann_copy))
     hand_in = {ann: full,                                     # right: full marks
                ben: None,                                     # the release as it came
                cat: swap_helpers(copy.deepcopy(full)),        # swaps the helpers ex2 calls
-               dan: insert_after(copy.deepcopy(full), "setup", HOSTILE.replace("ANN",
-                                                                               str(ann_copy)))}
+               dan: insert_after(copy.deepcopy(full), "setup", probes)}
     for user, nb in hand_in.items():  # each saves through their own lab, as a browser does
         lab = LearnerLab(ws.hub_url, user, token)
         lab.login()
@@ -702,7 +690,7 @@ def test_the_instructor_collects_every_learners_unit0_and_grades_it_sandboxed_in
     why = {q.question: q.reason for q in score[cat].questions}
     assert why["ex2-test"].startswith("ReplacedHelper"), why
     # dan's attempts were denied, the notebook still earned its marks, and the grader noted it
-    tried = _attempts(course / "autograded" / dan / "unit0" / unit0)
+    tried = probe_verdicts(read_nb(course / "autograded" / dan / "unit0" / unit0))
     print(tried, score[dan].notes)
     assert tried == {"read ann's notebook": "DENIED", "list submissions": "DENIED",
                      "write beside gradebook": "DENIED"}, tried

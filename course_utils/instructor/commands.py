@@ -146,10 +146,9 @@ def cmd_workshop(args: argparse.Namespace) -> int:
         return _workshop_collect(args)
     if args.file == "check":  # `course workshop check FILE`
         from ..workshop.check import find_token, run_checks, summary
-
-        token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN") or find_token(args.out)
         from ..workshop.learner_env import FOLDER
 
+        token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN") or find_token(args.out)
         lines = run_checks(load_workshop(args.rest[0]), token=token,
                            learner_env=Path(args.out) / FOLDER)
         print(f"course workshop check: {summary(lines)}")

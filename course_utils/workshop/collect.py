@@ -3,7 +3,7 @@
 Each learner works in ``~<learner>/course`` (the hub's hook made it from the student release:
 :mod:`course_utils.workshop.hub`), laid out as the release is, ``unit<N>/<notebook>``. This
 copies each learner's notebooks into nbgrader's ``DIR/submitted/<learner>/unit<N>/``, which
-``course grade DIR`` grades (run it with ``--sandbox``: the code is the learners'). The homes
+``course grade DIR`` grades (in a sandbox by default: the code is the learners'). The homes
 are closed to everyone but their owner, so collecting runs as root. A learner with nothing to
 hand in is listed, not an error.
 """
