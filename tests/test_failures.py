@@ -121,6 +121,13 @@ def test_timeouts_and_dead_groups_name_restart():
     timed = failures.describe([Failure(1, 1, "RuntimeError", GLOO_TIMEOUT)])
     assert isinstance(timed, ProcessGroupGone) and "cu.restart()" in timed.fix
     assert "rank 1 waited in a collective for 5 s" in timed.cause
+    on_a = failures.describe([Failure(1, 1, "RuntimeError", GLOO_TIMEOUT, host="a"),
+                              Failure(0, 0, "RuntimeError", GLOO_TIMEOUT, host="a")])
+    assert "ranks 0-1 on a waited in a collective for 5 s" in on_a.cause
+    spread = failures.ranks_where([Failure(1, 1, "E", "", host="a"), Failure(2, 2, "E", "",
+                                                                              host="b")])
+    assert spread == "ranks 1-2 (on a, b)" and Failure(3, 3, "E", "", host="b").where == \
+        "rank 3 on b"
     gone = failures.describe([Failure(0, 0, "RuntimeError", GLOO_GONE),
                               Failure(1, 1, "RuntimeError", "Application timeout caused pair "
                                                             "closure")])

@@ -518,12 +518,17 @@ def test_link_down_during_all_reduce_is_a_clear_error_and_restart_recovers(rig, 
     assert isinstance(err, CourseError), box
     assert waited < PG_TIMEOUT + 12
     # The ranks on host a report gloo's error (peer closed / timed out, or DETAIL's monitored
-    # barrier naming the ranks that never came); those on host b, which lost the controller
-    # too, are named as gone, with their host.
-    assert "rank 2 on rig-b" in str(err) and "rank 3 on rig-b" in str(err), err
+    # barrier naming the ranks that never came), raw or explained, with their host. Those on
+    # host b, which lost the controller too, are named with their host: as gone once the
+    # controller missed their heartbeats, or as still running the call until then.
+    text = str(err)
+    assert ("rank 2 on rig-b" in text and "rank 3 on rig-b" in text) or re.search(
+        r"ranks 2-3 on rig-b were still running engine_all_reduce_for\(\).*their host lost "
+        r"the network", text, re.S), err
     assert re.search(r"rank [01] on rig-a\] RuntimeError: .*(Timed out|Connection closed|"
-                     r"Ranks 2, 3 failed to pass monitoredBarrier)", str(err)), err
-    assert "cu.restart()" in err.fix
+                     r"Ranks 2, 3 failed to pass monitoredBarrier)|ranks? [0-1-]+ on rig-a "
+                     r"(waited in a collective|never reached)|on rig-a waited in", text), err
+    assert err.fix.count("cu.restart()") == 1, err.fix
 
 
 def _processes_of_cluster(cid: str) -> list[int]:

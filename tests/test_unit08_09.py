@@ -58,6 +58,20 @@ def test_ranks_left_running_after_a_rank_raised_are_named_and_recorded():
     assert one.startswith("rank 0 was still running f() 3 s after ranks 1-2 raised")
 
 
+def test_ranks_left_running_on_another_host_are_named_with_it():
+    two = RankMap(tuple(
+        RankInfo(engine_id=10 + r, rank=r, world_size=4, local_rank=r % 2, local_world_size=2,
+                 node_rank=r // 2, host="ab"[r // 2], addr=f"10.0.0.{r // 2}", pid=100 + r,
+                 gpus=0, master_addr="10.0.0.0")
+        for r in range(4)), hosts=("a", "b"))
+    note = StuckCalls().left_running(two, [(12, "m2"), (13, "m3")], "f()", [0, 1], grace=3.0)
+    assert note.startswith("ranks 2-3 on b were still running f() 3 s after ranks 0-1 raised")
+    assert "or their host lost the network" in note
+    both = StuckCalls().left_running(two, [(11, "m1"), (12, "m2")], "f()", [0], grace=3.0)
+    assert both.startswith("ranks 1-2 (on a, b) were still running")
+    assert "on " not in StuckCalls().left_running(rank_map(3), [(10, "m0")], "f()", [1])[:12]
+
+
 def test_parse_elastic_reads_starts_resumes_crash_and_finish():
     events = faults_timeline.parse_elastic(["noise", *LINES])
     kinds = [(e["kind"], e["attempt"], e["step"]) for e in events]

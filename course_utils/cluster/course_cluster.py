@@ -108,8 +108,10 @@ class CourseCluster:
             self.flags["pg_broken"] = True
         ranks = ranks_of(self.ranks, [e.engine_info.get("engine_id") for e in excs])
         note = self._stuck.left_running(self.ranks, controller.pending(ar), what, ranks)
-        return type(err)(f"{err.cause}\n{note}", "if they are still busy, first run cu.restart() "
-                         f"(it replaces the engines and rebuilds the process group); {err.fix}")
+        fix = err.fix if "cu.restart()" in err.fix else (
+            "if they are still busy, first run cu.restart() (it replaces the engines and "
+            f"rebuilds the process group); {err.fix}")
+        return type(err)(f"{err.cause}\n{note}", fix)
 
     def _follow_replaced_engines(self) -> bool:
         """Follow engines another kernel replaced; True when the rank map names live engines.

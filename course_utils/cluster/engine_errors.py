@@ -44,7 +44,9 @@ def engine_error(exc: Exception, rank_map: RankMap | None) -> CourseError:
         elif lost:
             died.append(f"engine {eid}")
         text = "\n".join(tb) if isinstance(tb, list) else str(tb or "")
-        found.append(failures.Failure(rank, eid, str(ename), str(evalue), text))
+        host = (rank_map[rank].host if rank is not None and rank_map is not None
+                and len(rank_map.hosts) > 1 else None)
+        found.append(failures.Failure(rank, eid, str(ename), str(evalue), text, host))
     if not died:
         return failures.describe(found)
     lines = []  # one line per rank, with its host: which ranks are gone and what the rest saw

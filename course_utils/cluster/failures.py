@@ -42,10 +42,13 @@ class Failure:
     ename: str
     evalue: str
     traceback: str = ""
+    #: the rank's host, set only when the ranks span several hosts
+    host: str | None = None
 
     @property
     def where(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else f"engine {self.engine_id}"
+        who = f"rank {self.rank}" if self.rank is not None else f"engine {self.engine_id}"
+        return f"{who} on {self.host}" if self.host else who
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,16 @@ def is_learner_frame(frame: Frame) -> bool:
 def learner_frames(traceback: str, limit: int = MAX_FRAMES) -> list[Frame]:
     """The last ``limit`` frames of the learner's own code, innermost last."""
     return [f for f in frames(traceback) if is_learner_frame(f)][-limit:]
+
+
+def ranks_where(found: Sequence[Failure]) -> str:
+    """``"ranks 0-1"``, with their hosts where known: ``"ranks 0-1 on rig-a"``,
+    ``"ranks 1-2 (on rig-a, rig-b)"``."""
+    ranks = rank_list([f.rank for f in found if f.rank is not None] or [0])
+    hosts = sorted({f.host for f in found if f.host})
+    if not hosts:
+        return ranks
+    return f"{ranks} on {hosts[0]}" if len(hosts) == 1 else f"{ranks} (on {', '.join(hosts)})"
 
 
 def rank_list(ranks: Sequence[int]) -> str:

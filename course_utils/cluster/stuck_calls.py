@@ -136,11 +136,13 @@ class StuckCalls:
                      "msg_ids": [m for _, m in pending], "where": where}
         doing = "".join(f"\n  rank {r}: {where[r]}" for r in left if r in where)
         one = len(left) == 1
-        were, they, them = ("was", "It goes", "it") if one else ("were", "They go", "them")
-        return (f"{rank_list(left)} {were} still running {what} {grace:g} s after {who} "
-                f"raised (most likely waiting for it: in a collective it never reached, or "
-                f"for the chief){doing}\n{they} on until that wait ends, and a new call would "
-                f"queue behind {them}")
+        were, they, them, their = (("was", "It goes", "it", "its") if one
+                                   else ("were", "They go", "them", "their"))
+        return (f"{rank_list(left)}{on_hosts(ranks, left)} {were} still running {what} "
+                f"{grace:g} s after {who} raised (most likely waiting for it: in a collective "
+                f"it never reached, or for the chief; or {their} host lost the network)"
+                f"{doing}\n{they} on until that wait ends, and a new call would queue behind "
+                f"{them}")
 
     def still_stuck(self, queues: dict[Any, Any], registered: set[int]) -> ProcessGroupGone | None:
         """The error for a new call while ranks still run the call that timed out (it would
@@ -180,6 +182,15 @@ def returned_ranks(ranks: RankMap, stuck: Sequence[int], what: str,
             return []
         targets = ranks.engine_ids
     return sorted(r for r in ranks_of(ranks, targets) if r not in set(stuck))
+
+
+def on_hosts(ranks: RankMap, which: Sequence[int]) -> str:
+    """`` on rig-b`` (or `` (on rig-a, rig-b)``) for ranks of a cluster on several hosts; ""
+    on one host."""
+    if len(ranks.hosts) < 2 or not which:
+        return ""
+    hosts = sorted({ranks[r].host for r in which})
+    return f" on {hosts[0]}" if len(hosts) == 1 else f" (on {', '.join(hosts)})"
 
 
 def ranks_of(ranks: RankMap, engine_ids: Sequence[int]) -> list[int]:

@@ -98,7 +98,7 @@ def _translate(found: Sequence[failures.Failure]) -> CourseError | None:
         m = _TIMEOUT.search(timed[0].evalue)
         ms = (m["ms"] or m["ms2"]) if m else None
         waited = f" for {int(ms) / 1000:g} s" if ms else ""
-        who = failures.rank_list([f.rank for f in timed if f.rank is not None] or [0])
+        who = failures.ranks_where(timed)
         return ProcessGroupGone(
             f"{who} waited in a collective{waited} (the process-group "
             "timeout) for ranks that never joined it: a collective some ranks skip, or call in "
