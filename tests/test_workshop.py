@@ -23,7 +23,7 @@ from course_utils.cli import main as course
 from course_utils.cluster import slurm_queue
 from course_utils.cluster.ports import free_port
 from course_utils.cluster.profiles import load_profile
-from course_utils.cluster.slurm import job_status, parse_job
+from course_utils.cluster.slurm import JobStatus, job_status, parse_job
 from course_utils.workshop import check, hub, render
 from course_utils.workshop.plan import WorkshopError, load_workshop, workshop_from_dict
 from tests.rigs import slurm as rigs_slurm
@@ -340,12 +340,32 @@ def _all_running(jobs: list[str], timeout: float = 30.0) -> None:
         time.sleep(0.3)
 
 
+@pytest.fixture(autouse=True)
+def _queue_left_empty(request):
+    """After each test on the rig, no learner's job is left: a test that failed half-way
+    does not leave the next one without GPUs."""
+    yield
+    if "rig" in request.fixturenames:
+        request.getfixturevalue("rig").cancel_all()
+
+
+def _reason_given(job: str, timeout: float = 30.0) -> JobStatus:
+    """The job's status once Slurm's scheduler has looked at it (right after sbatch a pending
+    job's reason is still ``None``)."""
+    deadline = time.monotonic() + timeout
+    while (status := job_status(job)).state == "PENDING" and status.reason == "None":
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    return status
+
+
 def test_learners_get_distinct_gpus_and_the_next_one_is_queued_with_the_holders(rig):
     ws = rig.workshop()
     assert (ws.capacity, ws.queued) == (4, 1)
     *holders, fifth = (rig.submit_as(user, ws) for user in rig.learners)
     _all_running(holders)
-    waiting = job_status(fifth)
+    waiting = _reason_given(fifth)
     assert (waiting.state, waiting.reason) == ("PENDING", "Resources"), waiting
     homes = [Path(pwd.getpwnam(u).pw_dir) for u in rig.learners[:4]]
     outs: dict[str, list[str]] = {}

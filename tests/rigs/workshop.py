@@ -19,6 +19,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,10 +185,21 @@ class WorkshopRig:
             raise RigError(f"chpasswd for {user} failed: {done.stderr.strip()}")
         return password
 
-    def cancel_all(self) -> None:
-        if self.jobs:
-            self.slurm.run(["scancel", *self.jobs], check=False)
-            self.jobs.clear()
+    def cancel_all(self, timeout: float = 60.0) -> None:
+        """Cancel every job of the learners (those submitted here and those their labs' engines
+        asked for) and wait until Slurm holds none: the next test starts with every GPU free."""
+        self.jobs.clear()
+        for user in self.learners:
+            self.slurm.run(["scancel", f"--user={user}"], check=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self.slurm.run(["squeue", "-h", f"--user={','.join(self.learners)}",
+                                   "-o", "%i %u %T"], check=False).stdout.strip()
+            if not left:
+                return
+            if time.monotonic() > deadline:
+                raise RigError(f"Slurm still holds jobs {timeout:g} s after scancel:\n{left}")
+            time.sleep(0.3)
 
 
 @contextlib.contextmanager
