@@ -513,6 +513,12 @@ def test_a_px_cell_in_which_one_rank_raises_fails_in_seconds(monkeypatch):
         new_code_cell("%%px\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
                       "dist.all_reduce(t)\nprint('sum', t.item())"),
         new_code_cell("cu.stop()"),
+        # after the stop: a %%px cell and a call on the old `cluster` get the course's error
+        new_code_cell("%%px\nprint('after stop')"),
+        new_code_cell("cluster.run(time.monotonic)"),
+        new_code_cell("cluster = cu.start(n=2)"),
+        new_code_cell("%%px\nprint('back on', rank)"),
+        new_code_cell("cu.stop()"),
     ])
     NotebookClient(nb, timeout=120, kernel_name="python3", allow_errors=True).execute()
 
@@ -531,10 +537,19 @@ def test_a_px_cell_in_which_one_rank_raises_fails_in_seconds(monkeypatch):
     assert "rank 0: in all_reduce (torch.distributed)" in shown and "cu.restart()" in shown
     nxt, shown = error(4)
     assert nxt.ename == "ProcessGroupGone" and "ranks [0] are still busy in the %%px cell" in shown
-    assert not [o for c in nb.cells[5:] for o in c.outputs if o.output_type == "error"]
+    assert not [o for c in nb.cells[5:8] for o in c.outputs if o.output_type == "error"]
     out = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
                   for o in nb.cells[6].outputs)
     assert out.count("sum 2.0") == 2, out
+    for i in (8, 9):  # not ipyparallel's "Client cannot be used after its sockets ..."
+        err, shown = error(i)
+        print(shown)
+        assert err.ename == "ClusterNotRunning", shown
+        assert re.match(r"ClusterNotRunning: cluster '.*' was stopped by cu.stop\(\) \d+ s ago",
+                        shown) and "Fix: run cu.start()" in shown and "site-packages" not in shown
+    assert not [o for c in nb.cells[10:] for o in c.outputs if o.output_type == "error"]
+    out = "".join(o.get("text", "") for o in nb.cells[11].outputs)
+    assert out.count("back on") == 2, out
 
 
 def test_stop_leaves_no_engines_and_current_raises():
@@ -549,6 +564,8 @@ def test_stop_leaves_no_engines_and_current_raises():
     assert not cl.cluster_file(cid).exists()
     with pytest.raises(ClusterNotRunning, match="cu.start"):
         cu.current()
+    with pytest.raises(ClusterNotRunning, match=r"was stopped by cu.stop\(\)"):
+        cc.run(os.getpid)  # the stopped object: the course's error, not a closed client's
 
 
 def test_engines_that_exit_fail_fast(monkeypatch):

@@ -210,3 +210,15 @@ def test_a_mismatch_torch_did_not_spell_per_rank_still_says_something():
     assert "returns early" in err, err
     full = str(mismatch_error([MISMATCH_0]))
     assert "collective #1 of the group" in full and "rank 0: all_reduce, shape [2, 2]" in full
+
+
+def test_a_call_after_cu_stop_names_the_stop_and_cu_start():
+    import time
+
+    from course_utils.cluster.stopped import stopped_error
+
+    own = stopped_error("c1", True, time.time() - 12)
+    assert own.cause.startswith("cluster 'c1' was stopped by cu.stop() 12 s ago: its engines")
+    assert own.fix.startswith("run cu.start()")
+    joined = stopped_error("c1", False, time.time())
+    assert joined.cause.startswith("this kernel disconnected from cluster 'c1' (cu.stop()) 0 s")

@@ -347,8 +347,8 @@ def build_class(course, folder: Path) -> dict[str, dict]:
 
 
 #: After ``cu.stop(force=True)`` in the kernel every later call on the notebook's ``cluster``
-#: meets its closed client.
-STOPPED = {t: r"^RuntimeError: Client cannot be used after its sockets have been closed"
+#: is refused with the course's error (not ipyparallel's closed client's).
+STOPPED = {t: r"^ClusterNotRunning: cluster '.*' was stopped by cu\.stop\(\) \d+ s ago"
            for t in ("ex1-test", "predict-test", "ex2-test")}
 
 

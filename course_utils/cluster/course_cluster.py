@@ -26,7 +26,7 @@ from ..errors import (
     ProcessGroupGone,
     WorldSizeMismatch,
 )
-from . import controller, engine, launching, registry, sharing
+from . import controller, engine, launching, registry, sharing, stopped
 from .cluster_files import read_rank_map, write_course_file
 from .engine_errors import engine_error, ipython, show_engine_errors_plainly
 from .failures import rank_list
@@ -56,6 +56,9 @@ class CourseCluster:
         #: Facts frameworks leave for each other, e.g. ``pg_broken`` after a group timed out.
         self.flags: dict[str, Any] = {}
         self._stuck = StuckCalls()
+        #: when ``cu.stop()`` ran (``time.time()``): later calls fail with the course's error
+        self.stopped_at: float | None = None
+        self.stopped_it = False
 
     # ---- facts -------------------------------------------------------------------------
     @property
@@ -141,6 +144,8 @@ class CourseCluster:
     def check_stuck(self) -> None:
         """Fail at once, naming the cure, while ranks still run a call that timed out or
         when a rank's engine is gone (else ipyparallel answers with a bare ``KeyError: 1``)."""
+        if self.stopped_at is not None:
+            raise stopped.stopped_error(self.cluster_id, self.stopped_it, self.stopped_at)
         self._follow_replaced_engines()
         gone = [info.rank for info in self.ranks if info.engine_id not in set(self.client.ids)]
         if gone:
@@ -366,6 +371,17 @@ class CourseCluster:
             launching.stop_cluster(self.cluster, kill=kill)
             self._stuck.forget_stack_files()
         registry.forget(self)
+
+    def refuse_calls(self, stopped_it: bool) -> None:
+        """After ``cu.stop()``: every later call on this object, and ``%%px`` until a new
+        ``cu.start()``, fails with the course's error (``stopped_it``: the cluster was
+        stopped, not only disconnected from)."""
+        self.stopped_at = time.time()
+        self.stopped_it = stopped_it
+        ip = ipython()
+        if ip is not None and registry.current_or_none() is None:
+            stopped.guard_px(ip, stopped.stopped_error(self.cluster_id, stopped_it,
+                                                       self.stopped_at))
 
 
 def _set_hook(table: dict[str, Hook], key: str, hook: Hook | None) -> None:

@@ -127,10 +127,12 @@ def launch(
 
 
 def stop(force: bool = False) -> None:
-    """Tear down: stop hooks (process groups), then the cluster if this kernel started it."""
+    """Tear down: stop hooks (process groups), then the cluster if this kernel started it.
+    Later calls on it, and ``%%px`` cells, say so and name ``cu.start()``."""
     cc = registry.current_or_none()
     if cc is not None:
         cc.stop(force=force)
+        cc.refuse_calls(stopped_it=cc.owned or force)
 
 
 def restart(timeout: float | None = None, force: bool = False) -> CourseCluster:
