@@ -513,7 +513,9 @@ def test_a_px_cell_in_which_one_rank_raises_fails_in_seconds(monkeypatch):
         new_code_cell("%%px\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
                       "dist.all_reduce(t)\nprint('sum', t.item())"),
         new_code_cell("cu.stop()"),
-        # after the stop: a %%px cell and a call on the old `cluster` get the course's error
+        # after the stop: a %%px cell and a call on the old `cluster` get the course's error,
+        # its age counted when the cell runs
+        new_code_cell("time.sleep(2)"),
         new_code_cell("%%px\nprint('after stop')"),
         new_code_cell("cluster.run(time.monotonic)"),
         new_code_cell("cluster = cu.start(n=2)"),
@@ -541,14 +543,15 @@ def test_a_px_cell_in_which_one_rank_raises_fails_in_seconds(monkeypatch):
     out = "".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
                   for o in nb.cells[6].outputs)
     assert out.count("sum 2.0") == 2, out
-    for i in (8, 9):  # not ipyparallel's "Client cannot be used after its sockets ..."
+    for i in (9, 10):  # not ipyparallel's "Client cannot be used after its sockets ..."
         err, shown = error(i)
         print(shown)
         assert err.ename == "ClusterNotRunning", shown
         assert re.match(r"ClusterNotRunning: cluster '.*' was stopped by cu.stop\(\) \d+ s ago",
                         shown) and "Fix: run cu.start()" in shown and "site-packages" not in shown
-    assert not [o for c in nb.cells[10:] for o in c.outputs if o.output_type == "error"]
-    out = "".join(o.get("text", "") for o in nb.cells[11].outputs)
+        assert int(re.search(r"(\d+) s ago", shown)[1]) >= 2, shown  # not the stop's moment
+    assert not [o for c in nb.cells[11:] for o in c.outputs if o.output_type == "error"]
+    out = "".join(o.get("text", "") for o in nb.cells[12].outputs)
     assert out.count("back on") == 2, out
 
 

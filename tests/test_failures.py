@@ -222,3 +222,21 @@ def test_a_call_after_cu_stop_names_the_stop_and_cu_start():
     assert own.fix.startswith("run cu.start()")
     joined = stopped_error("c1", False, time.time())
     assert joined.cause.startswith("this kernel disconnected from cluster 'c1' (cu.stop()) 0 s")
+
+
+def test_a_rank_whose_host_is_gone_is_named_with_that_host():
+    import ipyparallel as ipp
+
+    from course_utils.cluster.engine_errors import engine_error
+    from tests.rank_maps import two_hosts
+
+    two = two_hosts()
+    exc = ipp.error.CompositeError("ranks raised", [
+        ("RuntimeError", "Connection closed by peer", [], {"engine_id": 10}),
+        ("EngineError", "Engine 12 died while running task 'x'", [], {}),
+        ("EngineError", "Engine 99 died while running task 'x'", [], {})])
+    err = engine_error(exc, two)
+    assert "[rank 0 on a] RuntimeError: Connection closed by peer" in err.cause
+    assert "[rank 2 on b] EngineError: died or lost contact with the controller" in err.cause
+    assert "[engine 99] EngineError" in err.cause
+    assert err.fix.startswith("rank 2 on b, engine 99 is gone: check that host")

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from course_utils.cluster.ranks import RankInfo, RankMap  # noqa: E402
 from course_utils.cluster.stuck_calls import StuckCalls, returned_ranks  # noqa: E402
 from course_utils.viz import faults_timeline  # noqa: E402
+from tests.rank_maps import two_hosts  # noqa: E402
 
 # The lines elastic_demo.py prints, in its own format (a run of section 5).
 LINES = [
@@ -59,11 +60,7 @@ def test_ranks_left_running_after_a_rank_raised_are_named_and_recorded():
 
 
 def test_ranks_left_running_on_another_host_are_named_with_it():
-    two = RankMap(tuple(
-        RankInfo(engine_id=10 + r, rank=r, world_size=4, local_rank=r % 2, local_world_size=2,
-                 node_rank=r // 2, host="ab"[r // 2], addr=f"10.0.0.{r // 2}", pid=100 + r,
-                 gpus=0, master_addr="10.0.0.0")
-        for r in range(4)), hosts=("a", "b"))
+    two = two_hosts()
     note = StuckCalls().left_running(two, [(12, "m2"), (13, "m3")], "f()", [0, 1], grace=3.0)
     assert note.startswith("ranks 2-3 on b were still running f() 3 s after ranks 0-1 raised")
     assert "or their host lost the network" in note

@@ -380,8 +380,7 @@ class CourseCluster:
         self.stopped_it = stopped_it
         ip = ipython()
         if ip is not None and registry.current_or_none() is None:
-            stopped.guard_px(ip, stopped.stopped_error(self.cluster_id, stopped_it,
-                                                       self.stopped_at))
+            stopped.guard_px(ip, self.cluster_id, stopped_it, self.stopped_at)
 
 
 def _set_hook(table: dict[str, Hook], key: str, hook: Hook | None) -> None:

@@ -20,11 +20,6 @@ from .ranks import RankMap
 _DIED = re.compile(r"Engine (\d+) died")
 
 
-def _where(rank_map: RankMap, rank: int) -> str:
-    return (f"rank {rank} on {rank_map[rank].host}" if len(rank_map.hosts) > 1
-            else f"rank {rank}")
-
-
 def engine_error(exc: Exception, rank_map: RankMap | None) -> CourseError:
     """One learner-facing error for what failed on the engines (``rank_map`` names ranks)."""
     errors = exc.elist if isinstance(exc, ipp.error.CompositeError) else [
@@ -36,28 +31,22 @@ def engine_error(exc: Exception, rank_map: RankMap | None) -> CourseError:
         lost = _DIED.match(str(evalue)) if ename == "EngineError" else None
         if eid is None and lost:  # the controller lost its heartbeat: process or host gone
             eid = int(lost.group(1))
-        rank = None
+        rank = host = None
         if eid is not None and rank_map is not None and rank_map.has_engine(eid):
             rank = rank_map.by_engine(eid).rank
-            if lost:
-                died.append(_where(rank_map, rank))
-        elif lost:
-            died.append(f"engine {eid}")
+            host = rank_map[rank].host if len(rank_map.hosts) > 1 else None  # named if several
         text = "\n".join(tb) if isinstance(tb, list) else str(tb or "")
-        host = (rank_map[rank].host if rank is not None and rank_map is not None
-                and len(rank_map.hosts) > 1 else None)
         found.append(failures.Failure(rank, eid, str(ename), str(evalue), text, host))
+        if lost:
+            died.append(found[-1].where)
     if not died:
         return failures.describe(found)
     lines = []  # one line per rank, with its host: which ranks are gone and what the rest saw
     for f in found:
-        where = f"engine {f.engine_id}"
-        if f.rank is not None and rank_map is not None:
-            where = _where(rank_map, f.rank)
         lost = f.ename == "EngineError" and _DIED.match(f.evalue)
         evalue = ("died or lost contact with the controller (its process or its host is gone)"
                   if lost else f.evalue.splitlines()[0][:300] if f.evalue else "")
-        lines.append(f"[{where}] {f.ename}: {evalue}")
+        lines.append(f"[{f.where}] {f.ename}: {evalue}")
     return EngineError(
         "code failed on the engines:\n  " + "\n  ".join(lines),
         f"{', '.join(died)} is gone: check that host (network, `course doctor --hosts`), "

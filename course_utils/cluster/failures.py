@@ -10,7 +10,7 @@ Frameworks add their own readings of known library messages with :func:`add_tran
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from ..errors import CourseError, EngineError
@@ -125,10 +125,15 @@ def ranks_where(found: Sequence[Failure]) -> str:
     """``"ranks 0-1"``, with their hosts where known: ``"ranks 0-1 on rig-a"``,
     ``"ranks 1-2 (on rig-a, rig-b)"``."""
     ranks = rank_list([f.rank for f in found if f.rank is not None] or [0])
-    hosts = sorted({f.host for f in found if f.host})
-    if not hosts:
-        return ranks
-    return f"{ranks} on {hosts[0]}" if len(hosts) == 1 else f"{ranks} (on {', '.join(hosts)})"
+    return ranks + on_hosts([f.host for f in found if f.host])
+
+
+def on_hosts(hosts: Iterable[str]) -> str:
+    """``" on rig-b"``, ``" (on rig-a, rig-b)"``, or ``""`` for no host."""
+    named = sorted(set(hosts))
+    if not named:
+        return ""
+    return f" on {named[0]}" if len(named) == 1 else f" (on {', '.join(named)})"
 
 
 def rank_list(ranks: Sequence[int]) -> str:

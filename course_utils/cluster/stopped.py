@@ -28,12 +28,13 @@ def stopped_error(cluster_id: str, stopped_it: bool, since: float) -> ClusterNot
         "run cu.start() (this unit's set-up cell) to get a cluster, then re-run this cell")
 
 
-def guard_px(ip: Any, error: ClusterNotRunning) -> None:
-    """Make ``%px`` / ``%%px`` raise ``error`` until a new cluster activates its own magics
-    (``cu.start()`` registers ipyparallel's again, replacing these)."""
+def guard_px(ip: Any, cluster_id: str, stopped_it: bool, since: float) -> None:
+    """Make ``%px`` / ``%%px`` raise :func:`stopped_error` (its age counted when the cell
+    runs) until a new cluster activates its own magics (``cu.start()`` registers
+    ipyparallel's again, replacing these)."""
 
     def px(line: str, cell: str | None = None) -> None:
-        raise ClusterNotRunning(error.cause, error.fix)
+        raise stopped_error(cluster_id, stopped_it, since)
 
     px.__doc__ = "No cluster is running (cu.stop() ran): run cu.start() first."
     ip.register_magic_function(px, magic_kind="line_cell", magic_name="px")

@@ -20,7 +20,7 @@ from typing import Any
 from ..errors import ClusterTimeout, ProcessGroupGone
 from ..procs import cmdline
 from . import engine
-from .failures import rank_list
+from .failures import on_hosts, rank_list
 from .ranks import RankMap
 
 #: Seconds a call waits for its other ranks once one rank raised: a mistake on every rank
@@ -138,7 +138,8 @@ class StuckCalls:
         one = len(left) == 1
         were, they, them, their = (("was", "It goes", "it", "its") if one
                                    else ("were", "They go", "them", "their"))
-        return (f"{rank_list(left)}{on_hosts(ranks, left)} {were} still running {what} "
+        hosts = [ranks[r].host for r in left] if len(ranks.hosts) > 1 else []
+        return (f"{rank_list(left)}{on_hosts(hosts)} {were} still running {what} "
                 f"{grace:g} s after {who} raised (most likely waiting for it: in a collective "
                 f"it never reached, or for the chief; or {their} host lost the network)"
                 f"{doing}\n{they} on until that wait ends, and a new call would queue behind "
@@ -182,15 +183,6 @@ def returned_ranks(ranks: RankMap, stuck: Sequence[int], what: str,
             return []
         targets = ranks.engine_ids
     return sorted(r for r in ranks_of(ranks, targets) if r not in set(stuck))
-
-
-def on_hosts(ranks: RankMap, which: Sequence[int]) -> str:
-    """`` on rig-b`` (or `` (on rig-a, rig-b)``) for ranks of a cluster on several hosts; ""
-    on one host."""
-    if len(ranks.hosts) < 2 or not which:
-        return ""
-    hosts = sorted({ranks[r].host for r in which})
-    return f" on {hosts[0]}" if len(hosts) == 1 else f" (on {', '.join(hosts)})"
 
 
 def ranks_of(ranks: RankMap, engine_ids: Sequence[int]) -> list[int]:
