@@ -11,6 +11,7 @@ import pytest
 
 from course_utils import settings
 from course_utils.cluster import ports
+from course_utils.cluster.engine_fork import ForkedEngineSetLauncher
 from course_utils.cluster.launching import cluster_kwargs
 from course_utils.cluster.profiles import ClusterProfile, load_profile, profile_from_dict
 from course_utils.cluster.ranks import build_rank_map
@@ -143,6 +144,8 @@ def test_local_profile_defaults(monkeypatch):
     assert prof.is_local and prof.engine_count(3) == 3 and prof.engine_cmd() is None
     env = prof.engine_env(2, threads=1)
     assert env["OMP_NUM_THREADS"] == "1" and "GLOO_SOCKET_IFNAME" not in env
+    assert cluster_kwargs(prof)["engines"] is ForkedEngineSetLauncher
+    monkeypatch.setenv("COURSE_ENGINE_FORK", "0")
     assert cluster_kwargs(prof)["engines"] == "local"
 
 

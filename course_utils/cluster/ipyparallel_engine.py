@@ -13,6 +13,9 @@ Also imported here, while the controller starts: the engine side of the course
 named in ``$COURSE_ENGINE_PRELOAD`` (comma-separated), in a background thread that the engine
 does not wait for: a later ``import`` of one of them waits for that import to finish instead
 of doing it again.
+
+With forking on (the default, see :mod:`.engine_fork`) this module is also the fork server
+(``--fork-server=SOCKET``) whose children run :func:`run_engine`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import contextlib
 import importlib
 import json
 import os
+import sys
 import threading
 import time
 
@@ -55,7 +59,13 @@ def preload(names: list[str]) -> None:
             importlib.import_module(name)
 
 
-def main() -> None:
+#: This file: ``sys.argv[0]`` of an engine, exec'd or forked.
+ENGINE_FILE = __file__
+
+
+def run_engine() -> None:
+    """Be an engine: ``ipyparallel.engine`` with ``sys.argv``, once the connection file is
+    complete. Exec'd engines run it from :func:`main`, forked ones in the child (engine_fork)."""
     names = [n.strip() for n in os.environ.get("COURSE_ENGINE_PRELOAD", "").split(",")
              if n.strip()]
     if names:
@@ -70,6 +80,16 @@ def main() -> None:
         # After $COURSE_START_TIMEOUT the engine goes on: ipyparallel reports the missing file.
         wait_for_connection_file(connection_file(), settings.start_timeout())
     engine_main()
+
+
+def main() -> None:
+    server = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--fork-server=")]
+    if server:  # the fork server of a cluster's local engines (engine_fork.py)
+        from .engine_fork import serve
+
+        serve(server[0])
+        return
+    run_engine()
 
 
 if __name__ == "__main__":

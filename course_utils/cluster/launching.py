@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ import ipyparallel as ipp
 
 from .. import settings
 from ..errors import CourseError, EnginesDidNotStart
-from . import engine, slurm, slurm_queue
+from . import engine, engine_fork, slurm, slurm_queue
 from .cluster_files import course_file_of, owner_only, profile_dir, remove_stale
 from .profiles import ClusterProfile
 from .sharing import adopt_recorded_engines
@@ -38,7 +39,9 @@ def cluster_kwargs(prof: ClusterProfile) -> dict[str, Any]:
     the shared link's address for SSH hosts (never every interface).
     """
     if prof.launcher == "local":
-        return {"engines": "local", "controller_ip": "127.0.0.1"}
+        # engines forked from one process that imported torch once (engine_fork.py)
+        engines = engine_fork.ForkedEngineSetLauncher if engine_fork.enabled() else "local"
+        return {"engines": engines, "controller_ip": "127.0.0.1"}
     if prof.launcher == "slurm":  # the controller stays here, the engines are one Slurm job
         return slurm.cluster_kwargs(prof)
     from traitlets.config import Config
@@ -92,11 +95,29 @@ def new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
     return cl
 
 
+def engine_env(prof: ClusterProfile, n: int) -> dict[str, str]:
+    """The variables ``n`` engines of ``prof`` start with (on top of the launcher's)."""
+    return prof.engine_env(n, settings.threads_per_engine(prof.engines_per_host(n)))
+
+
+def prestart_fork_server(cl: ipp.Cluster, prof: ClusterProfile, n: int,
+                         timeout: float) -> None:
+    """Local engines: start their fork server now, so that it imports while the controller
+    starts (the same environment as :func:`start_engines` gives the engines); it must answer
+    within ``timeout`` s, else the engines start as their own processes."""
+    if not prof.is_local or not isinstance(cl.engine_launcher_class, type) or not issubclass(
+            cl.engine_launcher_class, engine_fork.ForkedEngineSetLauncher):
+        return
+    cmd = cl.config.LocalEngineSetLauncher.engine_cmd
+    env = {**os.environ, "IPP_CLUSTER_ID": cl.cluster_id, "IPP_PROFILE_DIR": cl.profile_dir,
+           **engine_env(prof, n)}
+    engine_fork.prestart(cmd[0], env, timeout)
+
+
 def start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
     """Start ``n`` engines the profile's way (this machine, SSH hosts, a Slurm job)."""
     owner_only(cl)
-    threads = settings.threads_per_engine(prof.engines_per_host(n))
-    env = prof.engine_env(n, threads)
+    env = engine_env(prof, n)
     if prof.launcher != "ssh":
         cl.start_engines_sync(n, environment=env)
         return
@@ -110,6 +131,7 @@ def start_ipp_cluster(cid: str, prof: ClusterProfile, n: int,
     """A new controller and ``n`` engines under id ``cid``, registered, and a client."""
     remove_stale(cid)
     cl = new_ipp_cluster(cid, prof, n)
+    prestart_fork_server(cl, prof, n, timeout)
     cl.start_controller_sync()
     try:
         start_engines(cl, prof, n)
@@ -148,6 +170,7 @@ def stop_cluster(cl: ipp.Cluster, kill: bool = False) -> None:
     """
     adopt_recorded_engines(cl)
     stop_engines(cl, kill=kill)
+    engine_fork.stop_fork_servers(cl.cluster_id)
     with contextlib.suppress(Exception):
         engine.remove_stale_stack_files()
     with contextlib.suppress(Exception):
