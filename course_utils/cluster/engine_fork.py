@@ -1,21 +1,21 @@
 """Local engines forked from one process that has already imported torch and ipyparallel.
 
 A fresh engine spends about 3.5 s of CPU importing ipyparallel and, on its first call, torch;
-every engine of a cluster imports the same modules with the same environment. Here the first
-local engine of a cluster starts a *fork server* instead (``python -m
-course_utils.cluster.ipyparallel_engine --fork-server=SOCKET``, with the engines' environment):
-it imports those modules once, then forks one child per engine. A child is a separate process
-with its own pid, the engine's arguments, environment, working directory and output file; it
-runs exactly what an exec'd engine runs (:func:`.ipyparallel_engine.run_engine`).
+every engine of a cluster imports the same modules with the same environment. Here a local
+cluster starts a *fork server* with its controller (:mod:`.ipyparallel_fork_server`, with
+the engines' environment): it imports those modules once, then forks one child per engine. A
+child is a separate process with its own pid, the engine's arguments, environment, working
+directory and output file; it runs exactly what an exec'd engine runs
+(:func:`.ipyparallel_engine.run_engine`).
 
 What stays as before: ipyparallel tracks each engine by its pid (signals, ``stop``, the
 cluster file that other kernels read), process scans find engines by their command line
-(``ipyparallel_engine``) and by the cluster id and run marks in their environment (a server
+(``ipyparallel`` in it) and by the cluster id and run marks in their environment (a server
 is started with exactly the environment its children get, so ``/proc/PID/environ`` is right).
 
 Nothing here listens on the network: the server's socket is a Unix socket in a directory only
 this user can enter. The server lives while the process that started it lives, exits when that
-process stops the cluster (:func:`stop_fork_servers`), and after :data:`IDLE_S` s without a
+process stops the cluster (:func:`stop_fork_servers`), and after a minute without a
 child. ``COURSE_ENGINE_FORK=0`` starts every engine as its own ``python`` instead; so does any
 failure to reach a server (a warning in the log says why).
 """
@@ -26,11 +26,8 @@ import contextlib
 import hashlib
 import json
 import os
-import select
 import socket
-import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -45,13 +42,10 @@ from ipyparallel.cluster.launcher import (
 )
 
 from .. import settings
+from . import ipyparallel_engine
+from . import ipyparallel_fork_server as fork_server
 
 ENV_FORK = "COURSE_ENGINE_FORK"
-#: What the server imports before it forks (the course's engine side is imported as well).
-PRELOAD = ("torch", "ipyparallel.engine.app", "ipyparallel.engine.kernel")
-#: Seconds a server without children waits for another request before it exits.
-IDLE_S = 60.0
-_HEADER = struct.Struct("!I")
 _LOCK = threading.Lock()
 #: server key -> the server's process (started by this process), its cluster id and the
 #: moment by which it must answer (the start timeout of the cluster it was started for)
@@ -83,36 +77,6 @@ def server_key(python: str, env: dict[str, str]) -> str:
     """Which server may fork an engine: same interpreter and exactly the same environment."""
     blob = json.dumps([python, sorted(env.items())]).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def _send(conn: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
-    data = json.dumps(obj).encode()
-    head = _HEADER.pack(len(data))
-    if fds:
-        socket.send_fds(conn, [head], fds)
-        conn.sendall(data)
-    else:
-        conn.sendall(head + data)
-
-
-def _recv_exact(conn: socket.socket, n: int, got: bytes = b"") -> bytes:
-    while len(got) < n:
-        part = conn.recv(n - len(got))
-        if not part:
-            raise ConnectionError("the other side closed the connection")
-        got += part
-    return got
-
-
-def _recv(conn: socket.socket, maxfds: int = 0) -> tuple[Any, list[int]]:
-    if maxfds:
-        head, fds, _, _ = socket.recv_fds(conn, _HEADER.size, maxfds)
-    else:
-        head, fds = conn.recv(_HEADER.size), []
-    if not head:
-        raise ConnectionError("the other side closed the connection")
-    (size,) = _HEADER.unpack(_recv_exact(conn, _HEADER.size, head))
-    return json.loads(_recv_exact(conn, size)), list(fds)
 
 
 # ---- the launcher side (the kernel or command that starts the cluster) ----------------------
@@ -150,14 +114,12 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
                                            else timeout)
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            from .launching import ENGINE_MODULE
-
             log_dir = Path(env.get("IPP_PROFILE_DIR") or tempfile.gettempdir()) / "log"
             log_dir.mkdir(parents=True, exist_ok=True)
             log = log_dir / f"ipengine-fork-{env.get('IPP_CLUSTER_ID', '')}-{key}.log"
             with open(log, "ab") as out, open(os.devnull, "rb") as null:
                 proc = subprocess.Popen(
-                    [python, "-m", ENGINE_MODULE, f"--fork-server={path}"], env=env, cwd=cwd,
+                    [python, "-m", fork_server.MODULE, f"--socket={path}"], env=env, cwd=cwd,
                     stdin=null, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             _SERVERS[key] = (proc, env.get("IPP_CLUSTER_ID", ""), deadline)
     return key, path, proc, deadline
@@ -174,11 +136,10 @@ def prestart(python: str, env: dict[str, str], timeout: float | None = None,
 
 
 def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str) -> int:
-    """Have a server fork an engine running ``args`` (``python -m ENGINE_MODULE ...``) with
-    ``env`` in ``cwd``, its output appended to ``output_file``; the engine's pid."""
-    from .launching import ENGINE_MODULE
-
-    if len(args) < 3 or args[1:3] != ["-m", ENGINE_MODULE]:
+    """Have a server fork an engine running ``args`` (``python -m
+    course_utils.cluster.ipyparallel_engine ...``) with ``env`` in ``cwd``, its output appended
+    to ``output_file``; the engine's pid."""
+    if len(args) < 3 or args[1:3] != ["-m", ipyparallel_engine.MODULE]:
         raise ForkUnavailable(f"not a local course engine: {args[:3]}")
     cwd = os.path.abspath(cwd)
     key, path, proc, deadline = _server_for(args[0], env, cwd)
@@ -192,9 +153,9 @@ def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str
     with conn, open(output_file, "ab") as out, open(os.devnull, "rb") as null:
         conn.settimeout(settings.start_timeout())
         try:
-            _send(conn, {"argv": args[3:], "env": env, "cwd": cwd},
+            fork_server.send_message(conn, {"argv": args[3:], "env": env, "cwd": cwd},
                   [null.fileno(), out.fileno()])
-            reply, _ = _recv(conn)
+            reply, _ = fork_server.recv_message(conn)
         except (OSError, ValueError) as exc:
             raise ForkUnavailable(f"the fork server did not fork: {exc}") from exc
     if "pid" not in reply:
@@ -248,113 +209,3 @@ class ForkedEngineSetLauncher(LocalEngineSetLauncher):
     launcher_class = ForkedEngineLauncher
     #: How the cluster file names this class (a kernel joining the cluster imports it back).
     entrypoint_name = "course_utils.cluster.engine_fork.ForkedEngineSetLauncher"
-
-
-# ---- the server side ------------------------------------------------------------------------
-
-def _child(request: dict[str, Any], fds: list[int]) -> None:
-    """In the forked child: become the engine the request describes; never returns."""
-    code = 1
-    try:
-        os.setsid()  # like ipyparallel's engines: a kernel's Ctrl-C is not sent to it
-        os.dup2(fds[0], 0)
-        os.dup2(fds[1], 1)
-        os.dup2(fds[1], 2)
-        for fd in fds:
-            os.close(fd)
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        if "numpy" in sys.modules:  # its global generator was seeded once, in the server
-            sys.modules["numpy"].random.seed()
-        from .ipyparallel_engine import ENGINE_FILE, run_engine
-
-        sys.argv = [ENGINE_FILE, *request["argv"]]
-        run_engine()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    except BaseException:  # noqa: BLE001 - the child must never return into the server
-        import traceback
-
-        traceback.print_exc()
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-def _serve_one(conn: socket.socket, listener: socket.socket) -> int | None:
-    """Fork the engine one connection asks for; its pid (None if the request was bad)."""
-    conn.settimeout(10)
-    try:
-        request, fds = _recv(conn, maxfds=2)
-    except (OSError, ValueError):
-        return None
-    if len(fds) != 2:
-        for fd in fds:
-            os.close(fd)
-        _send(conn, {"error": "expected stdin and stdout"})
-        return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        listener.close()
-        conn.close()
-        _child(request, fds)
-    for fd in fds:
-        os.close(fd)
-    with contextlib.suppress(OSError):
-        _send(conn, {"pid": pid})
-    return pid
-
-
-def serve(path: str) -> None:
-    """The fork server: import, listen on ``path``, fork engines until told to stop."""
-    parent = os.getppid()
-    for name in (*PRELOAD, *settings_preload()):
-        with contextlib.suppress(Exception):
-            __import__(name)
-    from . import engine  # noqa: F401  (the engine side of the course, as an engine imports)
-
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-    listener.bind(path)  # a connection succeeds from now on: everything is imported
-    listener.listen(16)
-    children: set[int] = set()
-    idle_since = time.monotonic()
-    try:
-        while os.getppid() == parent:
-            ready, _, _ = select.select([listener], [], [], 0.2)
-            while children:
-                try:
-                    pid, _ = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    children.clear()
-                    break
-                if pid == 0:
-                    break
-                children.discard(pid)
-                if not children:
-                    idle_since = time.monotonic()
-            if ready:
-                conn, _ = listener.accept()
-                with conn:
-                    pid = _serve_one(conn, listener)
-                if pid:
-                    children.add(pid)
-            elif not children and time.monotonic() - idle_since > IDLE_S:
-                break
-    finally:
-        listener.close()
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-def settings_preload() -> list[str]:
-    """The modules named in ``$COURSE_ENGINE_PRELOAD`` (comma-separated)."""
-    return [n.strip() for n in os.environ.get("COURSE_ENGINE_PRELOAD", "").split(",")
-            if n.strip()]

@@ -14,8 +14,8 @@ named in ``$COURSE_ENGINE_PRELOAD`` (comma-separated), in a background thread th
 does not wait for: a later ``import`` of one of them waits for that import to finish instead
 of doing it again.
 
-With forking on (the default, see :mod:`.engine_fork`) this module is also the fork server
-(``--fork-server=SOCKET``) whose children run :func:`run_engine`.
+With forking on (the default, see :mod:`.engine_fork`) a local engine is instead a child of
+:mod:`.ipyparallel_fork_server`, which runs :func:`run_engine` in it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import contextlib
 import importlib
 import json
 import os
-import sys
 import threading
 import time
 
@@ -59,15 +58,22 @@ def preload(names: list[str]) -> None:
             importlib.import_module(name)
 
 
-#: This file: ``sys.argv[0]`` of an engine, exec'd or forked.
+#: What local engines run (``python -m MODULE ARGS``), and its file (their ``sys.argv[0]``).
+MODULE = "course_utils.cluster.ipyparallel_engine"
 ENGINE_FILE = __file__
+
+
+def preload_names(environ: dict[str, str] | None = None) -> list[str]:
+    """The modules named in ``$COURSE_ENGINE_PRELOAD`` (comma-separated)."""
+    env = os.environ if environ is None else environ
+    return [n.strip() for n in env.get("COURSE_ENGINE_PRELOAD", "").split(",") if n.strip()]
 
 
 def run_engine() -> None:
     """Be an engine: ``ipyparallel.engine`` with ``sys.argv``, once the connection file is
-    complete. Exec'd engines run it from :func:`main`, forked ones in the child (engine_fork)."""
-    names = [n.strip() for n in os.environ.get("COURSE_ENGINE_PRELOAD", "").split(",")
-             if n.strip()]
+    complete. Exec'd engines run it from :func:`main`, forked ones in the fork server's child
+    (:mod:`.ipyparallel_fork_server`)."""
+    names = preload_names()
     if names:
         threading.Thread(target=preload, args=(names,), name="course-preload",
                          daemon=True).start()
@@ -83,12 +89,6 @@ def run_engine() -> None:
 
 
 def main() -> None:
-    server = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--fork-server=")]
-    if server:  # the fork server of a cluster's local engines (engine_fork.py)
-        from .engine_fork import serve
-
-        serve(server[0])
-        return
     run_engine()
 
 

@@ -1,0 +1,177 @@
+"""The fork server of a cluster's local engines: ``python -m
+course_utils.cluster.ipyparallel_fork_server --socket=PATH`` (started by :mod:`.engine_fork`,
+which explains why). It imports what every engine imports, then listens on the Unix socket
+``PATH``; each connection asks for one engine (its arguments, environment, working directory,
+stdin and output file) and gets the pid of a forked child that runs
+:func:`.ipyparallel_engine.run_engine`. Its children show its command line (``ipyparallel``
+in it, as process scans of engines expect).
+
+It exits when the process that started it is gone, on SIGTERM, and after :data:`IDLE_S` s
+without a child. Standard library and the engine's own modules only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+from .ipyparallel_engine import ENGINE_FILE, preload_names, run_engine
+
+#: What the server imports before it forks (the course's engine side is imported as well).
+PRELOAD = ("torch", "ipyparallel.engine.app", "ipyparallel.engine.kernel")
+#: Seconds a server without children waits for another request before it exits.
+IDLE_S = 60.0
+#: This module, as the server's command line names it.
+MODULE = "course_utils.cluster.ipyparallel_fork_server"
+_HEADER = struct.Struct("!I")
+
+
+def send_message(conn: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
+    """Send ``obj`` as length-prefixed JSON, with the file descriptors ``fds`` alongside."""
+    data = json.dumps(obj).encode()
+    head = _HEADER.pack(len(data))
+    if fds:
+        socket.send_fds(conn, [head], fds)
+        conn.sendall(data)
+    else:
+        conn.sendall(head + data)
+
+
+def _recv_exact(conn: socket.socket, n: int, got: bytes = b"") -> bytes:
+    while len(got) < n:
+        part = conn.recv(n - len(got))
+        if not part:
+            raise ConnectionError("the other side closed the connection")
+        got += part
+    return got
+
+
+def recv_message(conn: socket.socket, maxfds: int = 0) -> tuple[Any, list[int]]:
+    """One message of :func:`send_message`, and up to ``maxfds`` descriptors sent with it."""
+    if maxfds:
+        head, fds, _, _ = socket.recv_fds(conn, _HEADER.size, maxfds)
+    else:
+        head, fds = conn.recv(_HEADER.size), []
+    if not head:
+        raise ConnectionError("the other side closed the connection")
+    (size,) = _HEADER.unpack(_recv_exact(conn, _HEADER.size, head))
+    return json.loads(_recv_exact(conn, size)), list(fds)
+
+
+
+def _child(request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: become the engine the request describes; never returns."""
+    code = 1
+    try:
+        os.setsid()  # like ipyparallel's engines: a kernel's Ctrl-C is not sent to it
+        os.dup2(fds[0], 0)
+        os.dup2(fds[1], 1)
+        os.dup2(fds[1], 2)
+        for fd in fds:
+            os.close(fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        if "numpy" in sys.modules:  # its global generator was seeded once, in the server
+            sys.modules["numpy"].random.seed()
+        sys.argv = [ENGINE_FILE, *request["argv"]]
+        run_engine()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:  # noqa: BLE001 - the child must never return into the server
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+def _serve_one(conn: socket.socket, listener: socket.socket) -> int | None:
+    """Fork the engine one connection asks for; its pid (None if the request was bad)."""
+    conn.settimeout(10)
+    try:
+        request, fds = recv_message(conn, maxfds=2)
+    except (OSError, ValueError):
+        return None
+    if len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        send_message(conn, {"error": "expected stdin and stdout"})
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        conn.close()
+        _child(request, fds)
+    for fd in fds:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        send_message(conn, {"pid": pid})
+    return pid
+
+
+def serve(path: str) -> None:
+    """The fork server: import, listen on ``path``, fork engines until told to stop."""
+    parent = os.getppid()
+    for name in (*PRELOAD, *preload_names()):
+        with contextlib.suppress(Exception):
+            __import__(name)
+    from . import engine  # noqa: F401  (the engine side of the course, as an engine imports)
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    listener.bind(path)  # a connection succeeds from now on: everything is imported
+    listener.listen(16)
+    children: set[int] = set()
+    idle_since = time.monotonic()
+    try:
+        while os.getppid() == parent:
+            ready, _, _ = select.select([listener], [], [], 0.2)
+            while children:
+                try:
+                    pid, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    children.clear()
+                    break
+                if pid == 0:
+                    break
+                children.discard(pid)
+                if not children:
+                    idle_since = time.monotonic()
+            if ready:
+                conn, _ = listener.accept()
+                with conn:
+                    pid = _serve_one(conn, listener)
+                if pid:
+                    children.add(pid)
+            elif not children and time.monotonic() - idle_since > IDLE_S:
+                break
+    finally:
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def main() -> None:
+    path = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--socket=")]
+    if not path:
+        sys.exit(f"usage: python -m {MODULE} --socket=PATH")
+    serve(path[0])
+
+
+if __name__ == "__main__":
+    main()
