@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import ipyparallel as ipp
@@ -27,7 +28,8 @@ def facts() -> dict:
 
     return {"pid": os.getpid(), "ppid": os.getppid(), "torch": "torch" in sys.modules,
             "argv": sys.argv[1:], "cluster": os.environ.get("IPP_CLUSTER_ID"),
-            "threads": os.environ.get("OMP_NUM_THREADS"), "draw": numpy.random.rand()}
+            "threads": os.environ.get("OMP_NUM_THREADS"),
+            "extra": os.environ.get("COURSE_KERNEL_EXTRA"), "draw": numpy.random.rand()}
 
 
 def servers(cid: str) -> list[int]:
@@ -67,6 +69,53 @@ def test_engines_are_children_of_one_server_that_imported_torch():
     finally:
         cu.stop(force=True)
     assert wait_gone([server, *engines]), "the server or an engine outlived cu.stop()"
+    tag = engine_fork.cluster_tag(sys.executable, {"IPP_CLUSTER_ID": CID})
+    assert list(engine_fork.socket_dir().glob(f"{tag}-*")) == []  # its socket went with it
+
+
+def test_a_socket_no_server_answers_on_is_removed():
+    import socket
+
+    dead = engine_fork.socket_dir() / "0000000000-1-dead.sock"
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(str(dead))
+    s.close()  # bound, never listening: what a killed server leaves
+    assert dead.name in engine_fork.remove_stale_sockets() and not dead.exists()
+
+
+JOIN_AND_RESTART = """
+import json, os, course_utils as cu
+cc = cu.start(cluster_id=os.environ["CID"])
+assert not cc.owned
+cc = cu.restart()
+print(json.dumps(cc.run(lambda: __import__("os").getppid())))
+"""
+
+
+def test_a_kernel_that_joined_the_cluster_forks_its_new_engines_from_the_owners_server():
+    import json
+    import subprocess
+    import sys
+
+    cid = f"{CID}-join"
+    cu.start(n=2, cluster_id=cid)
+    try:
+        (server,) = servers(cid)
+        # another process, with an environment of its own (as a notebook kernel has)
+        out = subprocess.run([sys.executable, "-c", JOIN_AND_RESTART], capture_output=True,
+                             text=True, timeout=120,
+                             env={**os.environ, "CID": cid, "COURSE_KERNEL_EXTRA": "1"})
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == [server, server]
+        assert servers(cid) == [server]  # it started none of its own
+        got = cu.start(cluster_id=cid).run(facts)
+        engines = [g["pid"] for g in got]
+        # the engines have the joiner's variables; /proc shows the server's (the cluster's)
+        assert [g["extra"] for g in got] == ["1", "1"]
+        assert not any(procs.environ_has(p, "COURSE_KERNEL_EXTRA=1") for p in engines)
+    finally:
+        cu.stop(force=True)
+    assert wait_gone([server, *engines])
 
 
 def test_an_engine_killed_by_its_pid_is_a_dead_rank():
@@ -103,5 +152,5 @@ def test_server_key_names_python_and_every_variable():
 
 
 def test_a_request_for_another_program_is_not_forked():
-    with pytest.raises(engine_fork.ForkUnavailable, match="not a local course engine"):
-        engine_fork.fork_engine(["python", "-m", "ipyparallel.engine"], {}, ".", os.devnull)
+    with pytest.raises(engine_fork.ForkUnavailable, match="not a local engine"):
+        engine_fork.fork_engine(["python", "-m", "ipyparallel.controller"], {}, ".", os.devnull)

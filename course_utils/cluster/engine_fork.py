@@ -41,7 +41,7 @@ from ipyparallel.cluster.launcher import (
     ProcessStateError,
 )
 
-from .. import settings
+from .. import procs, settings
 from . import ipyparallel_engine
 from . import ipyparallel_fork_server as fork_server
 
@@ -52,6 +52,10 @@ _LOCK = threading.Lock()
 _SERVERS: dict[str, tuple[subprocess.Popen, str, float]] = {}
 #: keys whose server never answered: their engines are exec'd without asking again
 _BROKEN: set[str] = set()
+
+
+#: The engine commands (``python -m MODULE``) a server forks.
+ENGINE_MODULES = (ipyparallel_engine.MODULE, "ipyparallel.engine")
 
 
 class ForkUnavailable(RuntimeError):
@@ -79,6 +83,13 @@ def server_key(python: str, env: dict[str, str]) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def cluster_tag(python: str, env: dict[str, str]) -> str:
+    """What the socket names of every server for one cluster's engines (any process's) begin
+    with: the interpreter and the cluster id."""
+    blob = json.dumps([python, env.get("IPP_CLUSTER_ID", "")]).encode()
+    return hashlib.sha256(blob).hexdigest()[:10]
+
+
 # ---- the launcher side (the kernel or command that starts the cluster) ----------------------
 
 def _connect(path: str, proc: subprocess.Popen, deadline: float) -> socket.socket:
@@ -104,7 +115,7 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
     answer within ``timeout`` s (default ``$COURSE_START_TIMEOUT``): key, socket, process,
     deadline."""
     key = server_key(python, env)
-    path = str(socket_dir() / f"{os.getpid()}-{key}.sock")
+    path = str(socket_dir() / f"{cluster_tag(python, env)}-{os.getpid()}-{key}.sock")
     if key in _BROKEN:
         raise ForkUnavailable("its fork server did not answer before")
     with _LOCK:
@@ -112,8 +123,7 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
         if proc is None or proc.poll() is not None:
             deadline = time.monotonic() + (settings.start_timeout() if timeout is None
                                            else timeout)
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            remove_stale_sockets()
             log_dir = Path(env.get("IPP_PROFILE_DIR") or tempfile.gettempdir()) / "log"
             log_dir.mkdir(parents=True, exist_ok=True)
             log = log_dir / f"ipengine-fork-{env.get('IPP_CLUSTER_ID', '')}-{key}.log"
@@ -123,6 +133,23 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
                     stdin=null, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             _SERVERS[key] = (proc, env.get("IPP_CLUSTER_ID", ""), deadline)
     return key, path, proc, deadline
+
+
+def remove_stale_sockets() -> list[str]:
+    """Delete this user's server sockets that no server answers on (a server killed with
+    SIGKILL leaves its file); the names removed."""
+    gone = []
+    for sock in socket_dir().glob("*.sock"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(sock))
+        except OSError:
+            with contextlib.suppress(OSError):
+                sock.unlink()
+                gone.append(sock.name)
+        finally:
+            s.close()
+    return gone
 
 
 def prestart(python: str, env: dict[str, str], timeout: float | None = None,
@@ -135,26 +162,56 @@ def prestart(python: str, env: dict[str, str], timeout: float | None = None,
             _server_for(python, env, os.path.abspath(cwd), timeout)
 
 
-def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str) -> int:
-    """Have a server fork an engine running ``args`` (``python -m
-    course_utils.cluster.ipyparallel_engine ...``) with ``env`` in ``cwd``, its output appended
-    to ``output_file``; the engine's pid."""
-    if len(args) < 3 or args[1:3] != ["-m", ipyparallel_engine.MODULE]:
-        raise ForkUnavailable(f"not a local course engine: {args[:3]}")
-    cwd = os.path.abspath(cwd)
-    key, path, proc, deadline = _server_for(args[0], env, cwd)
+def _other_server(python: str, env: dict[str, str]) -> socket.socket | None:
+    """A connection to a running server of the same cluster that another process started
+    (``course lab``'s, the grader's), if there is one: a kernel that replaces the engines of a
+    cluster it joined (``cu.restart()``) forks them there instead of importing torch again.
+    The engines get this process's environment either way."""
+    tag = cluster_tag(python, env)
+    for sock in sorted(socket_dir().glob(f"{tag}-*.sock")):
+        pid = sock.name.split("-")[1]
+        if not pid.isdigit() or int(pid) == os.getpid() or not procs.pid_alive(int(pid)):
+            continue
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(str(sock))
+            return s
+        except OSError:
+            s.close()
+    return None
+
+
+def _own_connection(python: str, env: dict[str, str], cwd: str) -> socket.socket:
+    """A connection to this process's server for (python, env), started if need be."""
+    key, path, proc, deadline = _server_for(python, env, cwd)
     try:
-        conn = _connect(path, proc, deadline)
+        return _connect(path, proc, deadline)
     except ForkUnavailable:
         _BROKEN.add(key)
         with contextlib.suppress(OSError):
             proc.kill()
         raise
+
+
+def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str) -> int:
+    """Have a server fork an engine running ``args`` (``python -m
+    course_utils.cluster.ipyparallel_engine ...``) with ``env`` in ``cwd``, its output appended
+    to ``output_file``; the engine's pid. This process's own server for ``env`` if it runs,
+    else another process's for the same cluster, else a new one of this process."""
+    # ipyparallel's own module too: a kernel that joined the cluster (Cluster.from_file) has
+    # ipyparallel's default engine command; the child runs the same engine either way
+    if len(args) < 3 or args[1] != "-m" or args[2] not in ENGINE_MODULES:
+        raise ForkUnavailable(f"not a local engine: {args[:3]}")
+    cwd = os.path.abspath(cwd)
+    own = _SERVERS.get(server_key(args[0], env))
+    conn = _other_server(args[0], env) if own is None or own[0].poll() is not None else None
+    if conn is None:
+        conn = _own_connection(args[0], env, cwd)
     with conn, open(output_file, "ab") as out, open(os.devnull, "rb") as null:
         conn.settimeout(settings.start_timeout())
         try:
             fork_server.send_message(conn, {"argv": args[3:], "env": env, "cwd": cwd},
-                  [null.fileno(), out.fileno()])
+                                     [null.fileno(), out.fileno()])
             reply, _ = fork_server.recv_message(conn)
         except (OSError, ValueError) as exc:
             raise ForkUnavailable(f"the fork server did not fork: {exc}") from exc

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import select
+import signal
 import socket
 import struct
 import sys
@@ -70,6 +71,7 @@ def _child(request: dict[str, Any], fds: list[int]) -> None:
     """In the forked child: become the engine the request describes; never returns."""
     code = 1
     try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler is not the engine's
         os.setsid()  # like ipyparallel's engines: a kernel's Ctrl-C is not sent to it
         os.dup2(fds[0], 0)
         os.dup2(fds[1], 1)
@@ -123,6 +125,10 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> int | None:
     return pid
 
 
+def _exit_on_signal(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
 def serve(path: str) -> None:
     """The fork server: import, listen on ``path``, fork engines until told to stop."""
     parent = os.getppid()
@@ -131,6 +137,8 @@ def serve(path: str) -> None:
             __import__(name)
     from . import engine  # noqa: F401  (the engine side of the course, as an engine imports)
 
+    # SIGTERM (cu.stop()) ends the loop below, so that the socket file is removed
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(OSError):
         os.unlink(path)
