@@ -73,6 +73,47 @@ def test_engines_are_children_of_one_server_that_imported_torch():
     assert list(engine_fork.socket_dir().glob(f"{tag}-*")) == []  # its socket went with it
 
 
+@ipp.interactive
+def warm_spare() -> dict:
+    import os
+
+    from course_utils.checks import side_ranks
+
+    started_before = side_ranks.engine_warm()
+    spare = side_ranks._SPARE
+    return {"before": started_before, "pid": spare["proc"].pid, "folder": spare["folder"],
+            "engine": os.getpid()}
+
+
+def test_an_engines_nanny_and_spare_are_forked_by_its_server_and_the_nanny_relays_signals():
+    cc = cu.start(n=2, cluster_id=CID)
+    try:
+        (server,) = servers(CID)
+        engines = {g["pid"] for g in cc.run(facts)}
+        kids = [p for p in procs.pids_with_environ(f"IPP_CLUSTER_ID={CID}")
+                if procs.parent(p) == server]
+        nannies = [p for p in kids if p not in engines]
+        assert len(nannies) == 2, (kids, engines)  # one per engine, no fresh python
+        # ipyparallel's signal path goes through the nanny: SIGINT stops a running cell
+        ar = cc.client[0].apply_async(time.sleep, 60)
+        time.sleep(1)
+        cc.client.send_signal(signal.SIGINT, targets=[0], block=True)
+        with pytest.raises(ipp.error.RemoteError, match="KeyboardInterrupt"):
+            ar.get(timeout=20)
+        # side_ranks' spare process (imports torch: here it is forked where torch is)
+        got = cc.client[0].apply_sync(warm_spare)
+        assert got["before"] is False and procs.parent(got["pid"]) == server
+        deadline = time.monotonic() + 20
+        while not os.path.exists(os.path.join(got["folder"], "ready")):
+            assert time.monotonic() < deadline, "the spare never became ready"
+            time.sleep(0.1)
+        assert cc.client[0].apply_sync(warm_spare)["before"] is True
+    finally:
+        cu.stop(force=True)
+    # the nannies and the spare follow their engines, although the server is their parent
+    assert wait_gone([*nannies, got["pid"]]), "a nanny or the spare outlived its engine"
+
+
 def test_a_socket_no_server_answers_on_is_removed():
     import socket
 

@@ -37,8 +37,9 @@ _SPARE: dict[str, Any] = {}
 def engine_warm(idle_s: float = 1800.0) -> bool:
     """*Not collective.* Start, in the background, this engine's spare Python process for
     :func:`engine_run_side_ranks` (unless one is running): it imports torch once (seconds on an
-    idle machine, a minute on a loaded one) and then forks the side ranks of every check at
-    once. It exits when this engine exits, or after ``idle_s`` seconds without a request.
+    idle machine, a minute on a loaded one; none on an engine forked by a fork server, which
+    forks the spare too) and then forks the side ranks of every check at once. It exits when
+    this engine exits, or after ``idle_s`` seconds without a request.
     Returns whether it was already running. Called on rank 0 through :func:`warm` by the setup
     cells of ``00_cluster_tour`` and ``01_collectives``."""
     import os
@@ -58,25 +59,55 @@ def engine_warm(idle_s: float = 1800.0) -> bool:
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo",
            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    log = open(Path(folder) / "spare.log", "wb")
-    _SPARE.update(folder=folder, proc=subprocess.Popen(
-        [sys.executable, "-c", _ZYGOTE, folder, str(os.getpid()), str(idle_s)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=folder))
-    log.close()
+    with open(Path(folder) / "spare.log", "wb") as log:
+        proc = _forked_spare(folder, idle_s, env, log.fileno())
+        if proc is None:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _ZYGOTE, folder, str(os.getpid()), str(idle_s)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                cwd=folder)
+    _SPARE.update(folder=folder, proc=proc)
     return False
+
+
+def _forked_spare(folder: str, idle_s: float, env: dict[str, str], log_fd: int) -> Any:
+    """On an engine forked by a fork server (:mod:`course_utils.cluster.engine_fork`), which
+    has imported torch already: the spare process forked there, or None (the caller then
+    starts a fresh ``python``, which imports torch again)."""
+    import os
+
+    from ..cluster import fork_protocol
+
+    if not fork_protocol.FORK_SERVER:
+        return None
+    try:
+        with open(os.devnull, "rb") as null:
+            pid = fork_protocol.fork_call(
+                fork_protocol.FORK_SERVER, f"{__name__}:serve",
+                [folder, os.getpid(), idle_s], [null.fileno(), log_fd], env, folder)
+    except OSError:
+        return None
+    return fork_protocol.ForkedChild(pid)
 
 
 def serve(folder: str, parent: int, idle_s: float) -> None:
     """The spare process's loop (torch already imported): for each request file
     ``NAME.req`` in ``folder`` fork one process per side rank (each runs :func:`side_rank`),
-    reap them, and exit with the engine that started it or after ``idle_s`` idle seconds."""
+    reap them, and exit with the engine ``parent`` that asked for it or after ``idle_s`` idle
+    seconds."""
     import os
     import time
     from pathlib import Path
 
+    import torch
+
+    from ..procs import pid_alive
+
+    torch.set_num_threads(1)  # forked from a server that imported torch with other settings
     (Path(folder) / "ready").touch()
     last = time.monotonic()
-    while os.getppid() == parent and time.monotonic() - last < idle_s:
+    # the engine is its parent, or (forked by the engine's fork server) its sibling
+    while pid_alive(parent) and time.monotonic() - last < idle_s:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass

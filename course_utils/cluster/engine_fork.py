@@ -42,7 +42,7 @@ from ipyparallel.cluster.launcher import (
 )
 
 from .. import procs, settings
-from . import ipyparallel_engine
+from . import fork_protocol, ipyparallel_engine
 from . import ipyparallel_fork_server as fork_server
 
 ENV_FORK = "COURSE_ENGINE_FORK"
@@ -210,9 +210,9 @@ def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str
     with conn, open(output_file, "ab") as out, open(os.devnull, "rb") as null:
         conn.settimeout(settings.start_timeout())
         try:
-            fork_server.send_message(conn, {"argv": args[3:], "env": env, "cwd": cwd},
+            fork_protocol.send_message(conn, {"argv": args[3:], "env": env, "cwd": cwd},
                                      [null.fileno(), out.fileno()])
-            reply, _ = fork_server.recv_message(conn)
+            reply, _ = fork_protocol.recv_message(conn)
         except (OSError, ValueError) as exc:
             raise ForkUnavailable(f"the fork server did not fork: {exc}") from exc
     if "pid" not in reply:

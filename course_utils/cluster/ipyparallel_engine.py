@@ -81,11 +81,17 @@ def run_engine() -> None:
     from ipyparallel.engine.app import main as engine_main
 
     from . import engine  # noqa: F401
+    from .fork_protocol import FORK_SERVER
 
     if "IPP_CONNECTION_INFO" not in os.environ:
         # After $COURSE_START_TIMEOUT the engine goes on: ipyparallel reports the missing file.
         wait_for_connection_file(connection_file(), settings.start_timeout())
-    engine_main()
+    if FORK_SERVER:  # its nanny is forked too
+        from .forked_engine_app import ForkedIPEngine
+
+        ForkedIPEngine.launch_instance()
+    else:
+        engine_main()
 
 
 def main() -> None:

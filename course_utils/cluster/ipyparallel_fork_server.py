@@ -6,6 +6,11 @@ stdin and output file) and gets the pid of a forked child that runs
 :func:`.ipyparallel_engine.run_engine`. Its children show its command line (``ipyparallel``
 in it, as process scans of engines expect).
 
+A forked engine asks the same server (:func:`.fork_protocol.fork_call`) for the helper
+processes it would otherwise start as a fresh ``python``: ipyparallel's nanny (which relays
+signals to it) and the spare process of :mod:`course_utils.checks.side_ranks`, which would
+import torch again.
+
 It exits when the process that started it is gone, on SIGTERM, and after :data:`IDLE_S` s
 without a child. Standard library and the engine's own modules only.
 """
@@ -13,16 +18,17 @@ without a child. Standard library and the engine's own modules only.
 from __future__ import annotations
 
 import contextlib
-import json
+import importlib
 import os
 import select
 import signal
 import socket
-import struct
 import sys
 import time
 from typing import Any
 
+from . import fork_protocol
+from .fork_protocol import recv_message, send_message
 from .ipyparallel_engine import ENGINE_FILE, preload_names, run_engine
 
 #: What the server imports before it forks (the course's engine side is imported as well).
@@ -31,60 +37,37 @@ PRELOAD = ("torch", "ipyparallel.engine.app", "ipyparallel.engine.kernel")
 IDLE_S = 60.0
 #: This module, as the server's command line names it.
 MODULE = "course_utils.cluster.ipyparallel_fork_server"
-_HEADER = struct.Struct("!I")
 
 
-def send_message(conn: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
-    """Send ``obj`` as length-prefixed JSON, with the file descriptors ``fds`` alongside."""
-    data = json.dumps(obj).encode()
-    head = _HEADER.pack(len(data))
-    if fds:
-        socket.send_fds(conn, [head], fds)
-        conn.sendall(data)
+def _run_request(request: dict[str, Any]) -> None:
+    """In the child: an engine (``argv``) or a call (``call``, ``args``)."""
+    if "call" in request:
+        module, _, name = str(request["call"]).partition(":")
+        sys.argv = [sys.executable]
+        getattr(importlib.import_module(module), name)(*request.get("args", []))
     else:
-        conn.sendall(head + data)
-
-
-def _recv_exact(conn: socket.socket, n: int, got: bytes = b"") -> bytes:
-    while len(got) < n:
-        part = conn.recv(n - len(got))
-        if not part:
-            raise ConnectionError("the other side closed the connection")
-        got += part
-    return got
-
-
-def recv_message(conn: socket.socket, maxfds: int = 0) -> tuple[Any, list[int]]:
-    """One message of :func:`send_message`, and up to ``maxfds`` descriptors sent with it."""
-    if maxfds:
-        head, fds, _, _ = socket.recv_fds(conn, _HEADER.size, maxfds)
-    else:
-        head, fds = conn.recv(_HEADER.size), []
-    if not head:
-        raise ConnectionError("the other side closed the connection")
-    (size,) = _HEADER.unpack(_recv_exact(conn, _HEADER.size, head))
-    return json.loads(_recv_exact(conn, size)), list(fds)
-
+        sys.argv = [ENGINE_FILE, *request["argv"]]
+        run_engine()
 
 
 def _child(request: dict[str, Any], fds: list[int]) -> None:
-    """In the forked child: become the engine the request describes; never returns."""
+    """In the forked child: become what the request describes; never returns."""
     code = 1
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's handler is not the engine's
         os.setsid()  # like ipyparallel's engines: a kernel's Ctrl-C is not sent to it
         os.dup2(fds[0], 0)
         os.dup2(fds[1], 1)
-        os.dup2(fds[1], 2)
+        os.dup2(fds[-1], 2)  # stdout again unless a third descriptor came
         for fd in fds:
-            os.close(fd)
+            if fd > 2:
+                os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
         if "numpy" in sys.modules:  # its global generator was seeded once, in the server
             sys.modules["numpy"].random.seed()
-        sys.argv = [ENGINE_FILE, *request["argv"]]
-        run_engine()
+        _run_request(request)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -103,13 +86,13 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> int | None:
     """Fork the engine one connection asks for; its pid (None if the request was bad)."""
     conn.settimeout(10)
     try:
-        request, fds = recv_message(conn, maxfds=2)
+        request, fds = recv_message(conn, maxfds=3)
     except (OSError, ValueError):
         return None
-    if len(fds) != 2:
+    if len(fds) not in (2, 3):
         for fd in fds:
             os.close(fd)
-        send_message(conn, {"error": "expected stdin and stdout"})
+        send_message(conn, {"error": "expected stdin, stdout and maybe stderr"})
         return None
     sys.stdout.flush()
     sys.stderr.flush()
@@ -139,6 +122,7 @@ def serve(path: str) -> None:
 
     # SIGTERM (cu.stop()) ends the loop below, so that the socket file is removed
     signal.signal(signal.SIGTERM, _exit_on_signal)
+    fork_protocol.FORK_SERVER = path  # what its children ask for their helper processes
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(OSError):
         os.unlink(path)

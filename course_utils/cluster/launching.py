@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import ipyparallel as ipp
+from ipyparallel.cluster.launcher import LocalProcessLauncher
 
 from .. import settings
 from ..errors import CourseError, EnginesDidNotStart
@@ -173,12 +174,25 @@ def stop_cluster(cl: ipp.Cluster, kill: bool = False) -> None:
     engine_fork.stop_fork_servers(cl.cluster_id)
     with contextlib.suppress(Exception):
         engine.remove_stale_stack_files()
+    controller_pid = (cl.controller.pid if isinstance(cl.controller, LocalProcessLauncher)
+                      else None)
     with contextlib.suppress(Exception):
         cl.stop_controller_sync()
+    if controller_pid:
+        end_session_leftovers(controller_pid)
     with contextlib.suppress(Exception):
         cl.remove_cluster_file()
     with contextlib.suppress(Exception):
         course_file_of(cl).unlink(missing_ok=True)
+
+
+def end_session_leftovers(leader: int) -> None:
+    """SIGKILL what is left of the session that process ``leader`` started (ipyparallel starts
+    a local controller as a session leader, and its schedulers join that session). A
+    controller stopped while it is still starting (a Slurm job refused at once) can die before
+    its schedulers, which would otherwise live on, orphaned."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, signal.SIGKILL)
 
 
 def engine_output(cl: ipp.Cluster, limit: int = 1500) -> str:
