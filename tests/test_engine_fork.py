@@ -195,3 +195,24 @@ def test_server_key_names_python_and_every_variable():
 def test_a_request_for_another_program_is_not_forked():
     with pytest.raises(engine_fork.ForkUnavailable, match="not a local engine"):
         engine_fork.fork_engine(["python", "-m", "ipyparallel.controller"], {}, ".", os.devnull)
+
+
+def test_a_check_world_of_its_own_is_forked_by_the_clusters_server():
+    from course_utils.checks import run_on_ranks
+    from course_utils.errors import CourseError
+
+    cid = f"{CID}-world"
+    cu.start(n=2, cluster_id=cid)
+    try:
+        (server,) = servers(cid)
+        before = sorted(p for p in procs.all_pids() if procs.parent(p) == server)
+        # rank 0 is the launcher, rank 1 its fork: os.getppid() names their parents
+        got = run_on_ranks(None, [], "os:getppid", world_size=2, timeout=60, sources=[])
+        assert got[0] == server and got[1] not in (server, os.getpid()), got
+        # a failing rank is still reported with its message, and nothing is left
+        with pytest.raises(CourseError, match=r"rank 1 of the 2-rank check failed.*rank one"):
+            run_on_ranks(None, [], "os:getppid", world_size=2, timeout=60, sources=[
+                "if rank == 1:\n    raise RuntimeError('rank one broke')\ndist.barrier()\n"])
+        assert sorted(p for p in procs.all_pids() if procs.parent(p) == server) == before
+    finally:
+        cu.stop(force=True)

@@ -4,7 +4,9 @@ fresh Python processes, which form their own process group, run one probe of ``c
 exit. Nothing is left running: every process is waited for, or killed at the deadline.
 
 Run as ``python -m course_utils.checks.own_world SPEC`` (what :func:`run_on_ranks` does): one
-launcher imports torch once and forks the ranks, so a 4-rank world costs one import.
+launcher imports torch once and forks the ranks, so a 4-rank world costs one import. In a
+process that started a local cluster the launcher is forked by that cluster's fork server,
+which has imported torch already, so it costs none.
 """
 
 from __future__ import annotations
@@ -68,9 +70,9 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
                "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo"}
         with open(Path(tmp) / "launcher.txt", "w") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "course_utils.checks.own_world",
-                                     str(spec)], env=env, stdout=subprocess.DEVNULL,
-                                    stderr=err, start_new_session=True)
+            proc = _forked_launcher(spec, env, err.fileno()) or subprocess.Popen(
+                [sys.executable, "-m", "course_utils.checks.own_world", str(spec)], env=env,
+                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         try:
             _watch(proc, Path(tmp), world_size, time.monotonic() + timeout, timeout)
         finally:
@@ -80,15 +82,38 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
         return [_result(Path(tmp), r, world_size) for r in range(world_size)]
 
 
-def _watch(proc: subprocess.Popen[bytes], tmp: Path, world_size: int, deadline: float,
+def _forked_launcher(spec: Path, env: dict[str, str], err_fd: int) -> Any:
+    """The launcher forked by this process's cluster fork server (which imported torch
+    already; :mod:`course_utils.cluster.engine_fork`), in a session of its own; None when
+    this process runs none (then a fresh ``python`` imports torch)."""
+    from ..cluster import engine_fork, fork_protocol
+
+    path = engine_fork.own_server_socket()
+    if path is None:
+        return None
+    try:
+        with open(os.devnull, "r+b") as null:
+            pid = fork_protocol.fork_call(path, f"{__name__}:main", [str(spec)],
+                                          [null.fileno(), null.fileno(), err_fd], env,
+                                          str(spec.parent))
+    except OSError:
+        return None
+    return fork_protocol.ForkedChild(pid)
+
+
+def _watch(proc: Any, tmp: Path, world_size: int, deadline: float,
            timeout: float) -> None:
     """Wait for the launcher; a rank that failed is reported at once (the others would wait
-    for it in their next collective until the timeout)."""
-    while proc.poll() is None:
-        failed = sorted(tmp.glob("failed-*.txt"))
-        if failed:
-            time.sleep(0.5)  # the rank that broke first, and the peers it took down, all write
+    for it in their next collective until the timeout), and so is the rank that broke first
+    when the launcher was done before the first look (a forked one can be)."""
+    while True:
+        done = proc.poll() is not None
+        if sorted(tmp.glob("failed-*.txt")):
+            if not done:  # the rank that broke first, and the peers it took down, all write
+                time.sleep(0.5)
             _result(tmp, _first_cause(sorted(tmp.glob("failed-*.txt"))), world_size)
+        if done:
+            return
         if time.monotonic() > deadline:
             raise CourseError(
                 f"the {world_size}-rank check did not finish in {timeout:.0f} s (a collective "
@@ -129,9 +154,13 @@ def main(spec_path: str) -> None:
     """The launcher of :func:`run_on_ranks`: import torch once, fork a process per rank
     (before any process group exists), run rank 0 here, wait for the others."""
     import torch
-    import torch.distributed  # noqa: F401  (imported once, before the fork)
+    import torch.distributed as dist  # imported once, before the fork
 
     from . import sharding  # noqa: F401
+
+    # a launcher forked by a fork server inherits the level the server read at its import:
+    # read this process's own TORCH_DISTRIBUTED_DEBUG, as a fresh python would
+    dist.set_debug_level_from_env()
 
     spec = json.loads(Path(spec_path).read_text())
     children = []

@@ -220,6 +220,18 @@ def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str
     return int(reply["pid"])
 
 
+def own_server_socket() -> str | None:
+    """The socket of a running fork server this process started (any cluster's), or None: a
+    helper that needs a short-lived torch process of its own asks it to fork one
+    (:func:`course_utils.checks.own_world.run_on_ranks`, ``10_sharding_and_memory``)."""
+    with _LOCK:
+        alive = [k for k, (p, _, _) in _SERVERS.items() if p.poll() is None]
+    for key in alive:
+        for sock in socket_dir().glob(f"*-{os.getpid()}-{key}.sock"):
+            return str(sock)
+    return None
+
+
 def stop_fork_servers(cluster_id: str | None = None) -> None:
     """End the servers this process started (those for ``cluster_id`` only, if given). Their
     engines are stopped separately (an engine outlives its server)."""

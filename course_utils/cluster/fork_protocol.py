@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import struct
+import time
 from typing import Any
 
 from .. import procs
@@ -87,6 +88,13 @@ class ForkedChild:
     def poll(self) -> int | None:
         if self.returncode is None and not procs.pid_alive(self.pid):
             self.returncode = -1
+        return self.returncode
+
+    def wait(self, timeout: float = 10.0) -> int | None:
+        """Wait until the process is gone (at most ``timeout`` s); :meth:`poll`'s answer."""
+        deadline = time.monotonic() + timeout
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:

@@ -57,7 +57,8 @@ def fork_nanny(server: str, kwargs: dict[str, Any]) -> tuple[str, fork_protocol.
     if not url:
         nanny.terminate()
         out.close()
-        raise RuntimeError("nanny failed")
+        # OSError: start_nanny then starts ipyparallel's own nanny process instead
+        raise OSError("the forked nanny exited before it wrote its control URL")
     return url, nanny
 
 
