@@ -65,12 +65,16 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
         spec.write_text(json.dumps({"sources": sources, "probe": probe,
                                     "kwargs": kwargs, "world_size": world_size,
                                     "port": free_port(), "timeout": timeout}))
+        from ..cluster import engine_fork, fork_protocol
         from ..torch_dist.process_group import loopback_ifname
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
                "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo"}
         with open(Path(tmp) / "launcher.txt", "w") as err:
-            proc = _forked_launcher(spec, env, err.fileno()) or subprocess.Popen(
+            # forked by this process's cluster fork server, which imported torch already
+            proc = fork_protocol.fork_helper(
+                engine_fork.own_server_socket(), f"{__name__}:main", [str(spec)],
+                [err.fileno()], env, tmp) or subprocess.Popen(
                 [sys.executable, "-m", "course_utils.checks.own_world", str(spec)], env=env,
                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         try:
@@ -80,25 +84,6 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
                 os.killpg(proc.pid, signal.SIGKILL)     # the launcher and every rank it forked
             proc.wait()
         return [_result(Path(tmp), r, world_size) for r in range(world_size)]
-
-
-def _forked_launcher(spec: Path, env: dict[str, str], err_fd: int) -> Any:
-    """The launcher forked by this process's cluster fork server (which imported torch
-    already; :mod:`course_utils.cluster.engine_fork`), in a session of its own; None when
-    this process runs none (then a fresh ``python`` imports torch)."""
-    from ..cluster import engine_fork, fork_protocol
-
-    path = engine_fork.own_server_socket()
-    if path is None:
-        return None
-    try:
-        with open(os.devnull, "r+b") as null:
-            pid = fork_protocol.fork_call(path, f"{__name__}:main", [str(spec)],
-                                          [null.fileno(), null.fileno(), err_fd], env,
-                                          str(spec.parent))
-    except OSError:
-        return None
-    return fork_protocol.ForkedChild(pid)
 
 
 def _watch(proc: Any, tmp: Path, world_size: int, deadline: float,

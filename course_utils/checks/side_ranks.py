@@ -55,12 +55,16 @@ def engine_warm(idle_s: float = 1800.0) -> bool:
         return True
     folder = tempfile.mkdtemp(prefix="course-side-")
     root = str(Path(course_utils.__file__).resolve().parent.parent)
+    from ..cluster import fork_protocol
     from ..torch_dist.process_group import loopback_ifname
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo",
            "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     with open(Path(folder) / "spare.log", "wb") as log:
-        proc = _forked_spare(folder, idle_s, env, log.fileno())
+        # on an engine forked by a fork server, which has imported torch already: forked there
+        proc = fork_protocol.fork_helper(fork_protocol.FORK_SERVER, f"{__name__}:serve",
+                                         [folder, os.getpid(), idle_s], [log.fileno()], env,
+                                         folder)
         if proc is None:
             proc = subprocess.Popen(
                 [sys.executable, "-c", _ZYGOTE, folder, str(os.getpid()), str(idle_s)],
@@ -68,26 +72,6 @@ def engine_warm(idle_s: float = 1800.0) -> bool:
                 cwd=folder)
     _SPARE.update(folder=folder, proc=proc)
     return False
-
-
-def _forked_spare(folder: str, idle_s: float, env: dict[str, str], log_fd: int) -> Any:
-    """On an engine forked by a fork server (:mod:`course_utils.cluster.engine_fork`), which
-    has imported torch already: the spare process forked there, or None (the caller then
-    starts a fresh ``python``, which imports torch again)."""
-    import os
-
-    from ..cluster import fork_protocol
-
-    if not fork_protocol.FORK_SERVER:
-        return None
-    try:
-        with open(os.devnull, "rb") as null:
-            pid = fork_protocol.fork_call(
-                fork_protocol.FORK_SERVER, f"{__name__}:serve",
-                [folder, os.getpid(), idle_s], [null.fileno(), log_fd], env, folder)
-    except OSError:
-        return None
-    return fork_protocol.ForkedChild(pid)
 
 
 def serve(folder: str, parent: int, idle_s: float) -> None:

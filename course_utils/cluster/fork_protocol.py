@@ -73,6 +73,20 @@ def fork_call(path: str, target: str, args: list[Any], fds: list[int], env: dict
     return int(reply["pid"])
 
 
+def fork_helper(path: str | None, target: str, args: list[Any], out_fds: list[int],
+                env: dict[str, str], cwd: str) -> ForkedChild | None:
+    """:func:`fork_call` for a helper process with no input (stdin ``/dev/null``; ``out_fds``:
+    stdout and, if given, stderr): a handle on it, or None when there is no server (``path``
+    None) or it cannot fork; the caller then starts a fresh ``python`` instead."""
+    if not path:
+        return None
+    try:
+        with open(os.devnull, "rb") as null:
+            return ForkedChild(fork_call(path, target, args, [null.fileno(), *out_fds], env,
+                                         cwd))
+    except OSError:
+        return None
+
 
 class ForkedChild:
     """A process a fork server forked at this process's request: enough of ``Popen``

@@ -28,7 +28,6 @@ import time
 from typing import Any
 
 from . import fork_protocol
-from .fork_protocol import recv_message, send_message
 from .ipyparallel_engine import ENGINE_FILE, preload_names, run_engine
 
 #: What the server imports before it forks (the course's engine side is imported as well).
@@ -86,13 +85,13 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> int | None:
     """Fork the engine one connection asks for; its pid (None if the request was bad)."""
     conn.settimeout(10)
     try:
-        request, fds = recv_message(conn, maxfds=3)
+        request, fds = fork_protocol.recv_message(conn, maxfds=3)
     except (OSError, ValueError):
         return None
     if len(fds) not in (2, 3):
         for fd in fds:
             os.close(fd)
-        send_message(conn, {"error": "expected stdin, stdout and maybe stderr"})
+        fork_protocol.send_message(conn, {"error": "expected stdin, stdout and maybe stderr"})
         return None
     sys.stdout.flush()
     sys.stderr.flush()
@@ -104,7 +103,7 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> int | None:
     for fd in fds:
         os.close(fd)
     with contextlib.suppress(OSError):
-        send_message(conn, {"pid": pid})
+        fork_protocol.send_message(conn, {"pid": pid})
     return pid
 
 
