@@ -49,11 +49,14 @@ def course_file_of(cl: ipp.Cluster) -> Path:
     return course_file(cl.cluster_id, cl.profile_dir)
 
 
-def remove_stale(cluster_id: str) -> None:
-    """Remove the files a cluster with this id left (before a new one takes the id)."""
-    path = cluster_file(cluster_id)
+def remove_stale(cluster_id: str, pdir: str | None = None) -> None:
+    """Remove the files a cluster with this id left (before a new one takes the id, and after
+    a stop)."""
+    path = cluster_file(cluster_id, pdir)
     path.unlink(missing_ok=True)
-    for kind in ("client", "engine"):  # left by a controller stopped while it started
+    # The controller's connection files: it removes them as it exits, but not when it was
+    # stopped while it started, or killed before it got there (a loaded machine).
+    for kind in ("client", "engine"):
         (path.parent / f"ipcontroller-{cluster_id}-{kind}.json").unlink(missing_ok=True)
 
 

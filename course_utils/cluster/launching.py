@@ -183,6 +183,8 @@ def stop_cluster(cl: ipp.Cluster, kill: bool = False) -> None:
     with contextlib.suppress(Exception):
         cl.remove_cluster_file()
     with contextlib.suppress(Exception):
+        remove_stale(cl.cluster_id, cl.profile_dir)
+    with contextlib.suppress(Exception):
         course_file_of(cl).unlink(missing_ok=True)
 
 
