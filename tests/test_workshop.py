@@ -578,13 +578,12 @@ def test_four_learners_at_once_hold_both_hosts_gpus_while_two_run_unit0(rig, run
                             "total s": round(time.monotonic() - t0, 1),
                             "sum": (summed + err)[-400:]}
 
-    together_labs = labs[:4]
+    together_labs, whole = labs[:4], 2  # unit 0 whole for two learners in all
     if os.environ.get("COURSE_BENCH_SERIAL"):  # one learner alone first, for the guide
         t0 = time.monotonic()
         learner(labs[0], True)
         print(f"one learner alone, login to ranks and unit 0: {time.monotonic() - t0:.1f} s")
-        together_labs = labs[1:4]
-    whole = 2 - (4 - len(together_labs))  # unit 0 whole for two learners in all
+        together_labs, whole = labs[1:4], 1
     threads = [threading.Thread(target=learner, args=(lab, i < whole))
                for i, lab in enumerate(together_labs)]
     t1 = time.monotonic()

@@ -180,9 +180,7 @@ def stop_cluster(cl: ipp.Cluster, kill: bool = False) -> None:
         cl.stop_controller_sync()
     if controller_pid:
         end_session_leftovers(controller_pid)
-    with contextlib.suppress(Exception):
-        cl.remove_cluster_file()
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # the cluster file and the connection files
         remove_stale(cl.cluster_id, cl.profile_dir)
     with contextlib.suppress(Exception):
         course_file_of(cl).unlink(missing_ok=True)
