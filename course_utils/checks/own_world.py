@@ -1,7 +1,8 @@
-"""A short-lived world of its own gloo processes for a graded check (``10_sharding_and_memory``):
-the learner's ``%%px`` cells are copied from an engine of the notebook's cluster into ``world_size``
-fresh Python processes, which form their own process group, run one probe of ``checks`` and
-exit. Nothing is left running: every process is waited for, or killed at the deadline.
+"""A short-lived world of its own gloo processes for a graded check (``10_sharding_and_memory``;
+``07_performance`` grades exercise 2 on 3 ranks with it): the learner's ``%%px`` cells are
+copied from an engine of the notebook's cluster into ``world_size`` fresh Python processes,
+which form their own process group, run one probe of ``checks`` and exit. Nothing is left
+running: every process is waited for, or killed at the deadline.
 
 Run as ``python -m course_utils.checks.own_world SPEC`` (what :func:`run_on_ranks` does): one
 launcher imports torch once and forks the ranks, so a 4-rank world costs one import. In a
@@ -51,11 +52,12 @@ def engine_cell_sources(names: list[str]) -> list[str]:
 
 def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4,
                  timeout: float = 120, sources: list[str] | None = None,
-                 **kwargs: Any) -> list[dict[str, Any]]:
+                 env: dict[str, str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     """Run ``checks.<probe>(**kwargs)`` (or ``"module:function"``) on a new world of
     ``world_size`` gloo processes that first run the learner's cells defining ``names`` (read
     from ``cluster``'s rank 0); one result per rank, in rank order. ``sources`` (cells as
-    text) replaces reading them from ``cluster`` (then ``None``): what the tests do."""
+    text) replaces reading them from ``cluster`` (then ``None``): what the tests do. ``env``:
+    variables set for the world on top of this process's (e.g. ``TORCH_DISTRIBUTED_DEBUG``)."""
     from ..cluster.ports import free_port
 
     with tempfile.TemporaryDirectory(prefix="course-world-") as tmp:
@@ -69,7 +71,7 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
         from ..torch_dist.process_group import loopback_ifname
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-               "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo"}
+               "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo", **(env or {})}
         with open(Path(tmp) / "launcher.txt", "w") as err:
             # forked by this process's cluster fork server, which imported torch already
             proc = fork_protocol.fork_helper(

@@ -3,12 +3,6 @@ check on more ranks than the notebook's cluster has (:func:`overlap_dp_at`)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import subprocess
-import sys
-import tempfile
 import time
 from typing import Any
 
@@ -272,119 +266,31 @@ def _median_step(step: Any, data: list[tuple[Any, Any]]) -> float:
 
 
 # ---- the same check on p ranks of its own ---------------------------------------------------
-def engine_cell_source(name: str = "OverlapDP") -> str:
-    """*Not collective.* The code of the ``%%px`` cell that defined ``name`` on this engine
-    (from the cell's lines IPython keeps for tracebacks)."""
-    import inspect
-    import linecache
-
-    obj = learner(name)
-    fn = next((v for v in vars(obj).values() if inspect.isfunction(v)), None) \
-        if isinstance(obj, type) else obj
-    code = getattr(fn, "__code__", None)
-    lines = linecache.getlines(code.co_filename) if code is not None else []
-    if not lines:
-        raise LookupError(f"the code of {name!r} is not available on this engine: run its "
-                          "cell again")
-    return "".join(lines)
-
-
-_CHILD = r"""
-import datetime, json, multiprocessing, os, sys
-import torch, torch.distributed as dist
-from course_utils.checks.performance import engine_check_overlap_dp
-from course_utils.torch_dist.process_group import rendezvous_store
-world_size, port, path, name, steps = sys.argv[1:6]
-world_size, steps = int(world_size), int(steps)
-with open(path) as fh:
-    cell = compile(fh.read(), "<your " + name + " cell>", "exec")
-
-def rank_main(rank, out):
-    try:
-        wait = datetime.timedelta(seconds=40)
-        store = rendezvous_store(rank, world_size, "127.0.0.1", int(port), wait)  # loopback only
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
-                                timeout=wait)
-        globals().update(rank=rank, world_size=world_size)
-        exec(cell, globals())
-        res = engine_check_overlap_dp(name, steps=steps, timing_steps=0)
-        res.pop("timeline", None)
-        out.send(("ok", res))
-    except BaseException as exc:
-        out.send(("error", f"{type(exc).__name__}: {exc}".splitlines()[0][:300]))
-    os._exit(0)   # no teardown to wait for: the group ends with the processes
-
-# torch is imported once, here; each rank is a fork of this process (no threads yet)
-ctx = multiprocessing.get_context("fork")
-pipes = [ctx.Pipe(duplex=False) for _ in range(world_size)]
-procs = [ctx.Process(target=rank_main, args=(r, pipes[r][1])) for r in range(world_size)]
-for q in procs:
-    q.start()
-for r, (recv, _send) in enumerate(pipes):
-    kind, got = recv.recv()
-    print(("RESULT " if kind == "ok" else "ERROR ") + json.dumps({"rank": r, "got": got}),
-          flush=True)
-os._exit(0)
-"""
+def own_world_overlap_dp(name: str = "OverlapDP", steps: int = 2) -> dict[str, Any]:
+    """*On a rank of* :func:`overlap_dp_at` *'s world.* :func:`engine_check_overlap_dp` without
+    timings or the timeline (what the graded test asserts on more ranks)."""
+    res = engine_check_overlap_dp(name, steps=steps, timing_steps=0)
+    res.pop("timeline", None)
+    return res
 
 
 def overlap_dp_at(ranks: int = 3, source: str | None = None, cluster: Any = None,
                   name: str = "OverlapDP", steps: int = 2, timeout: float = 180.0
                   ) -> list[dict[str, Any]]:
     """Exercise 2's check (:func:`engine_check_overlap_dp`, timings left out) on ``ranks``
-    processes of its own on this machine: a plain gloo group (debug off) among forks of one
-    fresh Python process (torch imported once), each running the learner's cell (``source``;
-    default: copied from the cluster's rank 0) with ``rank`` and ``world_size`` set as the
-    engines have them. Kernel side; every process is stopped before it returns. Introduced
-    in ``07_performance`` (the answer depends on the number of ranks, so it is graded at
-    more than two)."""
-    from ..cluster import current, ports
+    processes of its own on this machine (:func:`.own_world.run_on_ranks`: a plain gloo group,
+    debug off, forked from one process that imported torch), each running the learner's cell
+    (``source``; default: copied from the cluster's rank 0) with ``rank`` and ``world_size``
+    set as the engines have them. Kernel side; every process is stopped before it returns.
+    Introduced in ``07_performance`` (the answer depends on the number of ranks, so it is
+    graded at more than two)."""
+    from ..cluster import current
+    from .own_world import run_on_ranks
 
-    if source is None:
-        source = (cluster or current()).run_on(0, engine_cell_source, name, timeout=30)
-    from ..torch_dist.process_group import loopback_ifname
-
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_DISTRIBUTED")}
-    env.update(PYTHONPATH=os.pathsep.join(p for p in sys.path if p), OMP_NUM_THREADS="1",
-               TORCH_DISTRIBUTED_DEBUG="OFF", GLOO_SOCKET_IFNAME=loopback_ifname() or "lo")
-    with tempfile.TemporaryDirectory(prefix="course-overlap-") as tmp:
-        path = os.path.join(tmp, "cell.py")
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(source)
-        port = ports.free_port()
-        proc = subprocess.Popen([sys.executable, "-c", _CHILD, str(ranks), str(port), path,
-                                 name, str(steps)], env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        return _collect(proc, ranks, timeout)
-
-
-def _collect(proc: Any, ranks: int, timeout: float) -> list[dict[str, Any]]:
-    import signal
-
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        done = out.count("RESULT ")
-        raise TimeoutError(f"the check on {ranks} ranks did not finish within {timeout:g} s "
-                           f"({done} of {ranks} ranks done): every rank must launch the same "
-                           "buckets and wait for each once") from None
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)   # the forks, should any be left
-    results: dict[int, Any] = {}
-    for line in out.splitlines():
-        kind, _, body = line.partition(" ")
-        if kind in ("RESULT", "ERROR"):
-            got = json.loads(body)
-            if kind == "ERROR":
-                raise RuntimeError(f"rank {got['rank']} of {ranks} failed: {got['got']}")
-            results[got["rank"]] = got["got"]
-    if len(results) != ranks:
-        last = [ln for ln in err.strip().splitlines() if ln.strip()][-1:] or ["?"]
-        raise RuntimeError(f"the check on {ranks} ranks ended early: {last[0][:300]}")
-    return [results[r] for r in range(ranks)]
+    return run_on_ranks(None if source else (cluster or current()), [name],
+                        f"{__name__}:own_world_overlap_dp", world_size=ranks, timeout=timeout,
+                        sources=[source] if source else None,
+                        env={"TORCH_DISTRIBUTED_DEBUG": "OFF"}, name=name, steps=steps)
 
 
 # ---- kernel side: what the graded tests assert ----------------------------------------------
