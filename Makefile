@@ -13,13 +13,14 @@ LAB_ARGS ?=
 lab: install
 	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
 
-# `make test` shares the suite between two pytest-xdist workers (one process: TEST_WORKERS=0).
-# Two leave ~17% of both cores idle (tests that wait on timeouts, the hub, links); three filled
-# it (1045 s of pytest against 1319 s, one clone back to back) but then the mistakes catalogue's
-# 30 s limit on a planted mistake's failure was missed once (u07_divide_by_two: 30.8 s).
+# `make test` shares the suite between three pytest-xdist workers (one process: TEST_WORKERS=0).
+# Two leave ~17% of both cores idle (tests that wait on timeouts, the hub, links); three fill it
+# (1045 s of pytest against 1319 s, one clone back to back). Three once made the mistakes
+# catalogue's 30 s limit miss (u07_divide_by_two: 30.8 s, its 3-rank check importing torch in
+# a fresh python); that check is now forked from the cluster's fork server.
 # pyproject.toml's --dist loadfile keeps each file, and each notebook's cells, on one worker;
 # a test that hangs fails after pytest-timeout's limit there, naming itself.
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 
 test: install
 	$(PY) -m ruff check course_utils tests conftest.py
