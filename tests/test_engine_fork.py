@@ -133,6 +133,7 @@ def test_an_engines_nanny_and_spare_are_forked_by_its_server_and_the_nanny_relay
         cu.stop(force=True)
     # the nannies and the spare follow their engines, although the server is their parent
     assert wait_gone([*nannies, got["pid"]]), "a nanny or the spare outlived its engine"
+    assert not os.path.exists(got["folder"]), "the spare left its folder behind"
 
 
 def test_a_socket_no_server_answers_on_is_removed():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 #: The spare process: imports torch once, then forks the side ranks of every request.
@@ -79,23 +80,31 @@ def serve(folder: str, parent: int, idle_s: float) -> None:
     ``NAME.req`` in ``folder`` fork one process per side rank (each runs :func:`side_rank`),
     reap them, and exit with the engine ``parent`` that asked for it or after ``idle_s`` idle
     seconds."""
-    import os
-    import time
-    from pathlib import Path
-
     import torch
-
-    from ..procs import pid_alive
 
     torch.set_num_threads(1)  # forked from a server that imported torch with other settings
     (Path(folder) / "ready").touch()
+    try:
+        _serve_requests(Path(folder), parent, idle_s)
+    finally:  # the folder is the spare's own: nothing in it is read once the spare is gone
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _serve_requests(folder: Path, parent: int, idle_s: float) -> None:
+    import os
+    import time
+
+    from ..procs import pid_alive
+
     last = time.monotonic()
     # the engine is its parent, or (forked by the engine's fork server) its sibling
     while pid_alive(parent) and time.monotonic() - last < idle_s:
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
-        reqs = sorted(Path(folder).glob("*.req"))
+        reqs = sorted(folder.glob("*.req"))
         if not reqs:
             time.sleep(0.05)
             continue
