@@ -40,19 +40,6 @@ def servers(cid: str) -> list[int]:
     return sorted(p for p in forked if procs.parent(p) not in forked)
 
 
-@ipp.interactive
-def has_module(name: str) -> bool:
-    import sys
-
-    return name in sys.modules
-
-
-def server_mapped(pid: int, library: str) -> bool:
-    """True when process ``pid`` has loaded a shared library whose path contains ``library``."""
-    with open(f"/proc/{pid}/maps") as f:
-        return library in f.read()
-
-
 def wait_gone(pids: list[int], seconds: float = 10) -> bool:
     deadline = time.monotonic() + seconds
     while any(procs.pid_alive(p) for p in pids) and time.monotonic() < deadline:
@@ -78,14 +65,6 @@ def test_engines_are_children_of_one_server_that_imported_torch():
         # a restart forks the new engines from the same server
         cc = cu.restart()
         assert {g["ppid"] for g in cc.run(facts)} == {server}
-        # a module to preload (tf_dist names tensorflow) is imported by that same server,
-        # once, before it forks the engines that replace these
-        assert not server_mapped(server, "_sqlite3")
-        cc.engine_preload.add("sqlite3")
-        cc = cu.restart()
-        assert {g["ppid"] for g in cc.run(facts)} == {server}
-        assert server_mapped(server, "_sqlite3")
-        assert all(cc.run(has_module, "sqlite3"))
         engines = [g["pid"] for g in cc.run(facts)]
     finally:
         cu.stop(force=True)
@@ -205,15 +184,12 @@ def test_fork_off_starts_each_engine_as_its_own_python(monkeypatch):
         cu.stop(force=True)
 
 
-def test_server_key_names_python_and_every_variable_but_the_preload():
+def test_server_key_names_python_and_every_variable():
     env = {"A": "1", "IPP_CLUSTER_ID": "c"}
     key = engine_fork.server_key("/usr/bin/python3", env)
     assert key == engine_fork.server_key("/usr/bin/python3", dict(reversed(env.items())))
     assert key != engine_fork.server_key("/usr/bin/python3", {**env, "A": "2"})
     assert key != engine_fork.server_key("/opt/python3", env)
-    # but for the modules to preload: the server imports those when a request names them
-    assert key == engine_fork.server_key("/usr/bin/python3",
-                                         {**env, "COURSE_ENGINE_PRELOAD": "tensorflow"})
     assert oct(engine_fork.socket_dir().stat().st_mode & 0o777) == "0o700"
 
 

@@ -59,10 +59,6 @@ class CourseCluster:
         #: when ``cu.stop()`` ran (``time.time()``): later calls fail with the course's error
         self.stopped_at: float | None = None
         self.stopped_it = False
-        #: Modules the engines that replace these import before they register (their fork
-        #: server imports each once): ``tf_dist`` adds ``tensorflow`` once engines host TF
-        #: servers, so a restart does not make every new engine import TF again.
-        self.engine_preload: set[str] = set()
 
     # ---- facts -------------------------------------------------------------------------
     @property
@@ -348,8 +344,7 @@ class CourseCluster:
         old = set(self.client.ids)
         launching.stop_engines(self.cluster, kill=True)
         self._stuck.forget_stack_files()
-        launching.start_engines(self.cluster, self.profile, self.n,
-                                preload=sorted(self.engine_preload))
+        launching.start_engines(self.cluster, self.profile, self.n)
         launching.wait_for_engines(self.cluster, self.client, self.n, timeout, exclude=old)
         launching.wait_unregistered(self.client, old)
         self.flags.pop("pg_broken", None)

@@ -78,11 +78,8 @@ def socket_dir() -> Path:
 
 
 def server_key(python: str, env: dict[str, str]) -> str:
-    """Which server may fork an engine: same interpreter and the same environment, but for
-    the modules to preload, which the server imports when a request names them (so the
-    engines that replace a TF notebook's come from the server that forked the first ones)."""
-    same = {k: v for k, v in env.items() if k != ipyparallel_engine.PRELOAD_VAR}
-    blob = json.dumps([python, sorted(same.items())]).encode()
+    """Which server may fork an engine: same interpreter and exactly the same environment."""
+    blob = json.dumps([python, sorted(env.items())]).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -207,11 +204,7 @@ def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str
         raise ForkUnavailable(f"not a local engine: {args[:3]}")
     cwd = os.path.abspath(cwd)
     own = _SERVERS.get(server_key(args[0], env))
-    # Another process's server would keep what it preloads for engines of other notebooks
-    # (TF in a torch unit's engines): a request to preload goes to this process's own.
-    preloads = ipyparallel_engine.preload_names(env)
-    shared = (own is None or own[0].poll() is not None) and not preloads
-    conn = _other_server(args[0], env) if shared else None
+    conn = _other_server(args[0], env) if own is None or own[0].poll() is not None else None
     if conn is None:
         conn = _own_connection(args[0], env, cwd)
     with conn, open(output_file, "ab") as out, open(os.devnull, "rb") as null:

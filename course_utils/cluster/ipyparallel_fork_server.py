@@ -3,9 +3,7 @@ course_utils.cluster.ipyparallel_fork_server --socket=PATH`` (started by :mod:`.
 which explains why). It imports what every engine imports, then listens on the Unix socket
 ``PATH``; each connection asks for one engine (its arguments, environment, working directory,
 stdin and output file) and gets the pid of a forked child that runs
-:func:`.ipyparallel_engine.run_engine`. A request whose environment names modules in
-``$COURSE_ENGINE_PRELOAD`` has the server import them first, once, for it and every later
-child. Its children show its command line (``ipyparallel``
+:func:`.ipyparallel_engine.run_engine`. Its children show its command line (``ipyparallel``
 in it, as process scans of engines expect).
 
 A forked engine asks the same server (:func:`.fork_protocol.fork_call`) for the helper
@@ -30,7 +28,7 @@ import time
 from typing import Any
 
 from . import fork_protocol
-from .ipyparallel_engine import ENGINE_FILE, preload, preload_names, run_engine
+from .ipyparallel_engine import ENGINE_FILE, preload_names, run_engine
 
 #: What the server imports before it forks (the course's engine side is imported as well).
 PRELOAD = ("torch", "ipyparallel.engine.app", "ipyparallel.engine.kernel")
@@ -95,9 +93,6 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> int | None:
             os.close(fd)
         fork_protocol.send_message(conn, {"error": "expected stdin, stdout and maybe stderr"})
         return None
-    # Modules the engine asks for (``$COURSE_ENGINE_PRELOAD``, e.g. tensorflow once a notebook's
-    # engines hosted TF servers) are imported here, once: this and every later child has them.
-    preload([n for n in preload_names(request.get("env") or {}) if n not in sys.modules])
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()

@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import ipyparallel as ipp
@@ -23,7 +22,7 @@ from ipyparallel.cluster.launcher import LocalProcessLauncher
 
 from .. import settings
 from ..errors import CourseError, EnginesDidNotStart
-from . import engine, engine_fork, ipyparallel_engine, slurm, slurm_queue
+from . import engine, engine_fork, slurm, slurm_queue
 from .cluster_files import course_file_of, owner_only, profile_dir, remove_stale
 from .profiles import ClusterProfile
 from .sharing import adopt_recorded_engines
@@ -97,13 +96,9 @@ def new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
     return cl
 
 
-def engine_env(prof: ClusterProfile, n: int, preload: Sequence[str] = ()) -> dict[str, str]:
-    """The variables ``n`` engines of ``prof`` start with (on top of the launcher's); with
-    ``preload``, the modules they import before they register (``$COURSE_ENGINE_PRELOAD``)."""
-    env = prof.engine_env(n, settings.threads_per_engine(prof.engines_per_host(n)))
-    if preload:
-        env[ipyparallel_engine.PRELOAD_VAR] = ",".join(preload)
-    return env
+def engine_env(prof: ClusterProfile, n: int) -> dict[str, str]:
+    """The variables ``n`` engines of ``prof`` start with (on top of the launcher's)."""
+    return prof.engine_env(n, settings.threads_per_engine(prof.engines_per_host(n)))
 
 
 def prestart_fork_server(cl: ipp.Cluster, prof: ClusterProfile, n: int,
@@ -120,12 +115,10 @@ def prestart_fork_server(cl: ipp.Cluster, prof: ClusterProfile, n: int,
     engine_fork.prestart(cmd[0], env, timeout)
 
 
-def start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int,
-                  preload: Sequence[str] = ()) -> None:
-    """Start ``n`` engines the profile's way (this machine, SSH hosts, a Slurm job), each
-    importing ``preload`` first (see :func:`engine_env`)."""
+def start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
+    """Start ``n`` engines the profile's way (this machine, SSH hosts, a Slurm job)."""
     owner_only(cl)
-    env = engine_env(prof, n, preload)
+    env = engine_env(prof, n)
     if prof.launcher != "ssh":
         cl.start_engines_sync(n, environment=env)
         return

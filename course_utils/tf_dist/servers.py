@@ -111,8 +111,6 @@ def _adopt(cc: CourseCluster, tfc: TaskSet, timeout: float) -> TaskSet:
     """Make ``tfc`` this kernel's engine-hosted set, then wait until every task answers."""
     tfc.hosted_in, tfc.engine_ids = IN_ENGINES, _engine_ids(cc)
     tfc.stopper = lambda: stop_servers(cc)
-    # The engines that replace these (stop_servers, cu.restart()) have TF imported at once.
-    cc.engine_preload.add("tensorflow")
     set_active(tfc)
     # Engines replaced by cu.restart() host no servers any more.
     cc.on_restart("tf", lambda c: set_active(None))
