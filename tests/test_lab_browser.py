@@ -308,7 +308,8 @@ def test_the_instructors_source_lab_keeps_nbgraders_tools(chromium, tmp_path):
         time.sleep(3)
         assert not _news_question(chromium), _news_question(chromium)
         rig.screenshot(chromium, "7-source-lab-menus")
-        assert "INSTRUCTOR'S SOURCE" in server.log_tail(20000)
+        # the whole log: ipyparallel's extension logs other clusters' engine output too
+        assert "INSTRUCTOR'S SOURCE" in server.log_path.read_text(errors="replace")
 
 
 def run_all_watching(driver, server: rig.LabServer, path: str, index: int,
