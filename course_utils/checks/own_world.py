@@ -52,12 +52,13 @@ def engine_cell_sources(names: list[str]) -> list[str]:
 
 def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4,
                  timeout: float = 120, sources: list[str] | None = None,
-                 env: dict[str, str] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+                 extra_env: dict[str, str] | None = None,
+                 **kwargs: Any) -> list[dict[str, Any]]:
     """Run ``checks.<probe>(**kwargs)`` (or ``"module:function"``) on a new world of
     ``world_size`` gloo processes that first run the learner's cells defining ``names`` (read
     from ``cluster``'s rank 0); one result per rank, in rank order. ``sources`` (cells as
-    text) replaces reading them from ``cluster`` (then ``None``): what the tests do. ``env``:
-    variables set for the world on top of this process's (e.g. ``TORCH_DISTRIBUTED_DEBUG``)."""
+    text) replaces reading them from ``cluster`` (then ``None``): what the tests do.
+    ``extra_env``: variables set for the world on top of this process's (e.g. debug off)."""
     from ..cluster.ports import free_port
 
     with tempfile.TemporaryDirectory(prefix="course-world-") as tmp:
@@ -71,7 +72,7 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
         from ..torch_dist.process_group import loopback_ifname
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-               "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo", **(env or {})}
+               "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo", **(extra_env or {})}
         with open(Path(tmp) / "launcher.txt", "w") as err:
             # forked by this process's cluster fork server, which imported torch already
             proc = fork_protocol.fork_helper(

@@ -287,10 +287,10 @@ def overlap_dp_at(ranks: int = 3, source: str | None = None, cluster: Any = None
     from ..cluster import current
     from .own_world import run_on_ranks
 
-    return run_on_ranks(None if source else (cluster or current()), [name],
+    return run_on_ranks((cluster or current()) if source is None else None, [name],
                         f"{__name__}:own_world_overlap_dp", world_size=ranks, timeout=timeout,
-                        sources=[source] if source else None,
-                        env={"TORCH_DISTRIBUTED_DEBUG": "OFF"}, name=name, steps=steps)
+                        sources=None if source is None else [source],
+                        extra_env={"TORCH_DISTRIBUTED_DEBUG": "OFF"}, name=name, steps=steps)
 
 
 # ---- kernel side: what the graded tests assert ----------------------------------------------
