@@ -37,6 +37,7 @@ def test_uv_gets_pips_indexes_links_and_constraints_with_the_environment_first(
                  ("--extra-index-url", "file:///b/simple"), ("--find-links", "/from/env"),
                  ("--constraint", "/c.txt")]:
         assert pair in pairs
+    assert "--compile-bytecode" in cmd  # see the module's docstring
     assert "/from/file" not in cmd and "/ca.pem" not in cmd
 
 

@@ -8,6 +8,11 @@ constraints that ``pip config list`` shows are handed to it, and it is told to c
 indexes as pip does (``--index-strategy unsafe-best-match``): both install the same releases
 from the same places. When uv cannot be installed or fails, pip does the work, as before.
 
+Both byte-compile what they install. Python would compile a module on its first import and
+cache it, but not where ``PYTHONDONTWRITEBYTECODE`` is set (as it is on this project's CI
+machines): there every process compiled TensorFlow again, 11.0 s of CPU for ``import
+tensorflow`` against 4.9 s with the cache (torch: 3.2 against 1.7 s).
+
 Standard library only: it runs before anything is installed.
 """
 
@@ -47,8 +52,8 @@ def pip_settings(python: str) -> dict[str, list[str]]:
 
 def uv_command(venv: Path, spec: list[str], settings: dict[str, list[str]]) -> list[str]:
     """The ``uv pip install`` line that installs ``spec`` as pip would here."""
-    cmd = [str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--python",
-           str(venv / "bin" / "python"), "--index-strategy", "unsafe-best-match"]
+    cmd = [str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--compile-bytecode",
+           "--python", str(venv / "bin" / "python"), "--index-strategy", "unsafe-best-match"]
     for name, option in OPTIONS.items():
         for value in settings.get(name, []):
             cmd += [option, value]
@@ -70,9 +75,7 @@ def main(argv: list[str]) -> int:
         if subprocess.run(uv_command(venv, spec, settings), env=env, check=False).returncode == 0:
             return 0
         print("install_venv: uv failed; installing with pip instead", file=sys.stderr)
-    # --no-compile: pip would byte-compile every module of torch and TensorFlow (most never
-    # imported here), about 45 s; Python compiles what is imported, once, on use.
-    return subprocess.run([*pip, "--no-compile", *spec], check=False).returncode
+    return subprocess.run([*pip, *spec], check=False).returncode
 
 
 if __name__ == "__main__":
