@@ -317,6 +317,8 @@ def test_the_sources_check_fails_while_a_learner_can_read_the_checkout(rig):
     try:
         base.chmod(0o755)  # learners run its Python
         env = build_learner_env(base).parent.parent
+        # compiled where it was built: learners cannot write the package's cache themselves
+        assert list(env.glob("lib/python*/site-packages/course_utils/__pycache__/cli.*.pyc"))
         ws = rig.workshop()
         opened = [p for p in source_places() if p.stat().st_mode & 0o005 == 0o005]
         if opened:  # a checkout readable by all, as this one usually is

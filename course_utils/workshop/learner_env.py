@@ -25,6 +25,7 @@ system, or copied). Introduced in docs/instructor.md, "A workshop on two GPU hos
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import subprocess
@@ -45,9 +46,12 @@ def _site_packages(prefix: Path) -> Path:
 
 
 def _copy_package(dest: Path) -> None:
+    """The package's code, byte-compiled here: learners cannot write into it, so without the
+    cache every kernel and engine of theirs would compile it again."""
     src = course_root() / "course_utils"
     shutil.copytree(src, dest / "course_utils",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    compileall.compile_dir(str(dest / "course_utils"), quiet=1)
 
 
 def _jupyter_files(env: Path) -> None:
