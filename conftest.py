@@ -8,6 +8,9 @@ import fcntl
 import os
 import tempfile
 
+#: The mistakes catalogue runs inside nbval's run of each notebook (tests/catalogue.py).
+pytest_plugins = ["tests.catalogue"]
+
 
 def pytest_configure(config) -> None:
     # torch before TensorFlow in every test process, as the notebooks do it: once a process

@@ -2,7 +2,7 @@
 
 Pure tests run anywhere; ``cluster`` tests use real engines and a real gloo group; the
 mistakes learners make live in the catalogue (``tests/mistakes/``, run by
-``tests/test_mistakes.py``).
+``tests/catalogue.py``, inside nbval's runs).
 """
 
 from __future__ import annotations
