@@ -102,38 +102,48 @@ ENTRIES = sorted([*MISTAKES, *STUBS], key=lambda e: (e.notebook, e.at, e.id) if 
     e, Stub) else cell_order(e))
 FIELDS = ("NOTEBOOK", "GRADE_ID", "FAILS", "MESSAGE", "WITHIN_S")
 
+#: Defines, in the notebook's kernel, what :meth:`Walk.group_state` asks every rank.
 PROBE = '''
 import course_utils as _cu
 
 
-def _course_group_is_clean():
+def _course_group_state():
+    """none: no process group; clean: one that answers; broken: one that does not."""
     import datetime
     import sys
 
     if "torch.distributed" not in sys.modules:
-        return True
+        return "none"
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        return True
+        return "none"
     r, p, wait = dist.get_rank(), dist.get_world_size(), datetime.timedelta(seconds=3)
-    total = torch.ones(1)
-    dist.all_reduce(total, async_op=True).wait(timeout=wait)
-    got, mine = torch.empty(1), torch.full((1,), float(r))
-    reqs = [dist.isend(mine, (r + 1) % p), dist.irecv(got, (r - 1) % p)]
-    for q in reqs:
-        q.wait(timeout=wait)
-    return total.item() == p and got.item() == float((r - 1) % p)
+    try:
+        total = torch.ones(1)
+        dist.all_reduce(total, async_op=True).wait(timeout=wait)
+        got, mine = torch.empty(1), torch.full((1,), float(r))
+        reqs = [dist.isend(mine, (r + 1) % p), dist.irecv(got, (r - 1) % p)]
+        for q in reqs:
+            q.wait(timeout=wait)
+    except Exception:
+        return "broken"
+    return "clean" if total.item() == p and got.item() == float((r - 1) % p) else "broken"
 
 
-try:
-    _course_clean = all(_cu.current().run(_course_group_is_clean, timeout=15))
-except Exception:
-    _course_clean = False
-if not _course_clean:
-    cluster = _cu.restart()
-print("clean" if _course_clean else "restarted")
+def _course_group_leave():
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+def _course_state():
+    try:
+        states = set(_cu.current().run(_course_group_state, timeout=15))
+    except Exception:
+        return "broken"
+    return states.pop() if len(states) == 1 else "broken"
 '''
 
 
@@ -237,11 +247,34 @@ class Walk:
             self.ran(i, self.execute(cell)[0])
         self.done = max(self.done, upto)
 
-    def make_clean(self, upto: int) -> None:
-        """After a mistake: probe the group; if it is unusable, restart the engines and run
-        the original cells [0, upto) again, so nbval's next item finds what it expects."""
-        _, _, said = execute(self.nbfile.kernel, PROBE, timeout=120)
-        if "clean" not in said:
+    def wait_until_idle(self, limit: float = 30.0) -> None:
+        """Until no rank is busy (a %%px cell can fail while other ranks still run it)."""
+        execute(self.nbfile.kernel, f"import time as _t\n_end = _t.monotonic() + {limit}\n"
+                "while _cu.current().busy() and _t.monotonic() < _end:\n    _t.sleep(0.2)\n",
+                timeout=limit + 30)
+
+    def group_state(self) -> str:
+        """The ranks' process group: ``none``, ``clean`` (it answers) or ``broken``."""
+        errors, _, said = execute(self.nbfile.kernel, PROBE + "print(_course_state())",
+                                  timeout=60)
+        return "broken" if errors else said.strip()
+
+    def make_clean(self, before: str, upto: int) -> None:
+        """After a mistake, give nbval's next item the kernel it expects: the ranks' process
+        group as it was ``before`` the mistake. A group the mistake left where there was none
+        is destroyed (a ``leave_group`` that does not leave); otherwise, if the group changed
+        or stopped answering, the engines are restarted and the original cells [0, upto) run
+        again."""
+        after = self.group_state()
+        if after == "clean" and before == "none":
+            execute(self.nbfile.kernel, "_cu.current().run(_course_group_leave, timeout=15)",
+                    timeout=60)
+            after = self.group_state()
+        print(f"catalogue: the group was {before!r} before, {after!r} after"
+              + (": restarting the engines" if after != before else ""))
+        if after != before:
+            errors, _, _ = execute(self.nbfile.kernel, "cluster = _cu.restart()")
+            assert not errors, f"the catalogue could not restart the engines: {errors}"
             self.done = 0
             self.run_original(upto)
         self.done = upto
@@ -271,18 +304,17 @@ class CatalogueItem(pytest.Item):
 
     def runtest(self) -> None:
         walk = walk_of(self.parent)
-        if isinstance(self.entry, Stub):
-            at = self.entry.at
-            try:
+        stub = isinstance(self.entry, Stub)
+        at = self.entry.at if stub else index_of(walk.nb, load(self.entry).GRADE_ID)
+        walk.run_original(at)
+        before = walk.group_state()
+        try:
+            if stub:
                 stub_fails_its_tests(self.entry, walk)
-            finally:
-                walk.make_clean(at)
-        else:
-            at = index_of(walk.nb, load(self.entry).GRADE_ID)
-            try:
+            else:
                 mistake_fails_its_test(self.entry, walk)
-            finally:
-                walk.make_clean(at)
+        finally:
+            walk.make_clean(before, at)
 
     def reportinfo(self):
         return self.path, None, f"{self.parent.path.name}::{self.name}"
@@ -404,6 +436,8 @@ def mistake_fails_its_test(path: Path, session: Walk) -> None:
             result, seconds = errs, secs
         elif errs and is_test_cell(cell):
             earlier_failed.append(f"{nbgrader_meta(cell)['grade_id']}: {errs[0][:300]}")
+        elif errs:  # Run All stops here: the learner reads the error, then runs the next cell
+            session.wait_until_idle()
     print(f"{path.stem}: {mod.FAILS} failed after {seconds:.1f} s: "
           f"{result[0] if result else 'did not fail'}")
     assert not earlier_failed, f"{path.stem}: earlier graded tests failed: {earlier_failed}"
