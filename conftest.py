@@ -8,8 +8,9 @@ import fcntl
 import os
 import tempfile
 
-#: The mistakes catalogue runs inside nbval's run of each notebook (tests/catalogue.py).
-pytest_plugins = ["tests.catalogue"]
+#: Inside nbval's run of each notebook: the mistakes catalogue (tests/catalogue.py), and the
+#: re-runs of three notebooks in the same kernel (tests/rerun_items.py).
+pytest_plugins = ["tests.catalogue", "tests.rerun_items"]
 
 
 def pytest_configure(config) -> None:
