@@ -14,8 +14,8 @@ lab: install compiled
 	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
 
 # `make test` shares the suite between two pytest-xdist workers (one process: TEST_WORKERS=0).
-# Two leave ~17% of both cores idle (tests that wait on timeouts, the hub, links); three fill it
-# (91% busy) but slow collective-heavy checks most: unit 7 ex2's planted mistake then takes
+# Two leave ~16% of both cores idle (tests that wait on timeouts, the hub, links); three filled
+# it (91% busy) but slowed collective-heavy checks most: unit 7 ex2's planted mistake took
 # 29.5-30.8 s to fail against the catalogue's 30 s limit (3-12 s with two workers or alone).
 # pyproject.toml's --dist loadfile keeps each file, and each notebook's cells, on one worker;
 # a test that hangs fails after pytest-timeout's limit there, naming itself.
