@@ -14,9 +14,11 @@ lab: install compiled
 	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
 
 # `make test` shares the suite between two pytest-xdist workers (one process: TEST_WORKERS=0).
-# Two leave ~16% of both cores idle (tests that wait on timeouts, the hub, links); three filled
-# it (91% busy) but slowed collective-heavy checks most: unit 7 ex2's planted mistake took
-# 29.5-30.8 s to fail against the catalogue's 30 s limit (3-12 s with two workers or alone).
+# Two leave ~16% of both cores idle (tests that wait on timeouts, the hub, links). Three fill
+# them (93% busy; a clean run: 938 s of pytest against 1161 s with two) and, since the mistakes
+# catalogue runs inside nbval's kernels, no longer crowd its timed checks (unit 7 ex2's planted
+# mistake failed in 5.0 s against its 30 s limit; it took 29.5 s with three workers before);
+# two stay the default until more runs with three show them steady.
 # pyproject.toml's --dist loadfile keeps each file, and each notebook's cells, on one worker;
 # a test that hangs fails after pytest-timeout's limit there, naming itself.
 TEST_WORKERS ?= 2
