@@ -147,6 +147,15 @@ def _course_state():
 '''
 
 
+def is_teardown(cell) -> bool:
+    return "teardown" in nbgrader_meta(cell).get("grade_id", "")
+
+
+def cell_index(item) -> int:
+    """Where nbval's item ``item`` sits among its notebook's cells."""
+    return next(i for i, c in enumerate(item.parent.nb.cells) if c is item.cell)
+
+
 def load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"mistake_{path.stem}", path)
     assert spec and spec.loader
@@ -242,7 +251,7 @@ class Walk:
         """Run the original cells [done, upto) that have not run (a restart, a -k subset)."""
         for i in range(self.done, upto):
             cell = self.nb.cells[i]
-            if cell.cell_type != "code" or "teardown" in nbgrader_meta(cell).get("grade_id", ""):
+            if cell.cell_type != "code" or is_teardown(cell):
                 continue
             self.ran(i, self.execute(cell)[0])
         self.done = max(self.done, upto)
@@ -298,15 +307,14 @@ def walk_of(nbfile) -> Walk:
 class CatalogueItem(pytest.Item):
     """A catalogued mistake or an exercise's stub, run in its notebook's nbval kernel."""
 
-    def __init__(self, *, entry, **kwargs) -> None:
+    def __init__(self, *, entry, at: int, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.entry = entry
+        self.entry, self.at = entry, at
 
     def runtest(self) -> None:
         walk = walk_of(self.parent)
-        stub = isinstance(self.entry, Stub)
-        at = self.entry.at if stub else index_of(walk.nb, load(self.entry).GRADE_ID)
-        walk.run_original(at)
+        stub, at = isinstance(self.entry, Stub), self.at
+        walk.run_original(at)  # the cells before it that nbval did not run (a restart, -k)
         before = walk.group_state()
         try:
             if stub:
@@ -339,10 +347,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     placed = []
     for item in items:
         if isinstance(item, IPyNbCell):
-            index = next(i for i, c in enumerate(item.parent.nb.cells) if c is item.cell)
+            index = cell_index(item)
             for entry in at.get((item.parent.path.name, index), []):
                 placed.append(CatalogueItem.from_parent(item.parent, name=entry_id(entry),
-                                                        entry=entry))
+                                                        entry=entry, at=index))
         placed.append(item)
     items[:] = placed
 
@@ -355,7 +363,7 @@ def pytest_runtest_call(item):
 
     if isinstance(item, IPyNbCell):
         walk = walk_of(item.parent)
-        index = next(i for i, c in enumerate(walk.nbfile.nb.cells) if c is item.cell)
+        index = cell_index(item)
         error = outcome.excinfo
         if error and issubclass(error[0], pytest.skip.Exception):
             return
@@ -383,7 +391,6 @@ def bound_names(source: str) -> tuple[str, list[str]]:
 
 def stub_fails_its_tests(stub: Stub, session: Walk) -> None:
     release = session.released()
-    session.run_original(stub.at)
     assert not session.failed_tests, (
         f"graded tests failed before {stub.grade_id}: {session.failed_tests}; cell errors: "
         f"{session.errors}")
@@ -421,7 +428,6 @@ def mistake_fails_its_test(path: Path, session: Walk) -> None:
     mutated = with_solution(copy.deepcopy(session.nb), mod.GRADE_ID, mod.BODY,
                             getattr(mod, "REGION", 0))
     s, f = index_of(mutated, mod.GRADE_ID), index_of(mutated, mod.FAILS)
-    session.run_original(s)
     assert not session.failed_tests, (
         f"graded tests failed before the mistake: {session.failed_tests}; cell errors: "
         f"{session.errors}")

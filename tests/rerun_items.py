@@ -19,7 +19,7 @@ import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
 from course_utils.notebook_cells import grade_id
-from tests.catalogue import execute
+from tests.catalogue import execute, is_teardown
 
 #: notebook -> (the plan run again, whether it runs before nbval's teardown item or after it)
 PLANS = {
@@ -28,10 +28,6 @@ PLANS = {
     "03_pytorch_ddp.ipynb": ("B", "before"),
 }
 CELL_TIMEOUT = 600  # as nbval's --nbval-cell-timeout in pyproject.toml
-
-
-def is_teardown(cell) -> bool:
-    return "teardown" in grade_id(cell)
 
 
 class RerunItem(pytest.Item):
