@@ -20,6 +20,7 @@ ENV_START_TIMEOUT = "COURSE_START_TIMEOUT"
 ENV_CALL_TIMEOUT = "COURSE_CALL_TIMEOUT"
 ENV_PG_TIMEOUT = "COURSE_PG_TIMEOUT"
 ENV_TORCH_DEBUG = "COURSE_TORCH_DEBUG"
+ENV_TORCH_DEVICE = "COURSE_TORCH_DEVICE"
 
 #: Values of ``$COURSE_TORCH_DEBUG`` / ``cu.start_torch(debug=...)``.
 TORCH_DEBUG_LEVELS = ("off", "info", "detail")
@@ -87,6 +88,20 @@ def torch_debug() -> str:
     if raw not in TORCH_DEBUG_LEVELS:
         levels = ", ".join(TORCH_DEBUG_LEVELS)
         raise ValueError(f"${ENV_TORCH_DEBUG}={raw!r} is not one of {levels}")
+    return raw
+
+
+def torch_device() -> str:
+    """Where a gloo group's ranks keep their tensors: ``cpu`` (default) or ``cuda``.
+
+    ``cuda`` is for a machine with fewer GPUs than engines, one GPU say: NCCL refuses two ranks
+    on one GPU, but gloo moves CUDA tensors (it stages them through host memory), so the ranks
+    share the GPU and the lessons' tensors, models and gradients live on it. An NCCL group
+    always uses each rank's own GPU.
+    """
+    raw = os.environ.get(ENV_TORCH_DEVICE, "").strip().lower() or "cpu"
+    if raw not in ("cpu", "cuda"):
+        raise ValueError(f"${ENV_TORCH_DEVICE}={raw!r} is not cpu or cuda")
     return raw
 
 

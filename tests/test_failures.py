@@ -159,6 +159,16 @@ def test_debug_level_setting(monkeypatch):
         settings.torch_debug()
 
 
+def test_torch_device_setting(monkeypatch):
+    monkeypatch.delenv("COURSE_TORCH_DEVICE", raising=False)
+    assert settings.torch_device() == "cpu"  # gloo keeps tensors on the CPU unless asked
+    monkeypatch.setenv("COURSE_TORCH_DEVICE", " CUDA ")
+    assert settings.torch_device() == "cuda"
+    monkeypatch.setenv("COURSE_TORCH_DEVICE", "gpu")
+    with pytest.raises(ValueError, match="not cpu or cuda"):
+        settings.torch_device()
+
+
 def test_loopback_addresses():
     assert exposure.is_loopback("127.0.0.1") and exposure.is_loopback("::1")
     assert not exposure.is_loopback("0.0.0.0") and not exposure.is_loopback("::")

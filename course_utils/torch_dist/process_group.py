@@ -111,12 +111,14 @@ def start(
         raise ValueError(f"timeout={timeout} must be positive seconds")
 
     level = debug_level(debug)
+    gloo_cuda = chosen != "nccl" and settings.torch_device() == "cuda"
     want = {"backend": backend_label(chosen), "world_size": rm.world_size, "debug": level}
     states = cc.run(_engine_state, timeout=10)
     broken = cc.flags.pop("pg_broken", False)
     if master_port is None and not broken and all(
         s and s["backend"] == want["backend"] and s["world_size"] == rm.world_size
         and s["rank"] == r.rank and s.get("debug") == level
+        and s.get("device", "").startswith("cuda") == (gloo_cuda or chosen == "nccl")
         for s, r in zip(states, rm, strict=True)
     ):
         _register_hooks(cc, backend, timeout, debug)
@@ -135,7 +137,7 @@ def start(
 
     args = [
         (r.rank, rm.world_size, r.local_rank, rm.master_addr, port, pg_backend(chosen),
-         pg_timeout, level, cc.profile.is_local, env_port)
+         pg_timeout, level, cc.profile.is_local, env_port, gloo_cuda)
         for r in rm
     ]
     try:
@@ -186,7 +188,8 @@ def _engine_state() -> dict[str, Any] | None:
 
 def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str, port: int,
                  backend: str, timeout_s: float, debug: str = "off",
-                 loopback: bool = False, env_port: int | None = None) -> dict[str, Any]:
+                 loopback: bool = False, env_port: int | None = None,
+                 gloo_cuda: bool = False) -> dict[str, Any]:
     import datetime
     import os
 
@@ -215,7 +218,7 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
     if threads:
         torch.set_num_threads(threads)
     cuda = "nccl" in backend
-    device = _engine_device(rank, local_rank, cuda)
+    device = _engine_device(rank, local_rank, cuda or gloo_cuda)
     timeout = datetime.timedelta(seconds=timeout_s)
     store = rendezvous_store(rank, world_size, master_addr, port, timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
@@ -255,7 +258,8 @@ def _torch_gpu_count() -> int:
 
 
 def _engine_device(rank: int, local_rank: int, cuda: bool) -> Any:
-    """This rank's torch device: its GPU for an NCCL group, else the CPU."""
+    """This rank's torch device: its GPU for an NCCL group (or a gloo group under
+    ``$COURSE_TORCH_DEVICE=cuda``, where ranks may share one), else the CPU."""
     import os
 
     import torch
@@ -266,9 +270,11 @@ def _engine_device(rank: int, local_rank: int, cuda: bool) -> Any:
     # device 0; an unpinned one sees every GPU of its host and uses its local rank's.
     if torch.cuda.device_count() == 0:
         raise BackendUnavailable(
-            f"rank {rank} was given NCCL but torch sees no CUDA device here "
+            f"rank {rank} was to use CUDA (an NCCL group, or $COURSE_TORCH_DEVICE=cuda) but "
+            "torch sees no CUDA device here "
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
-            "use cu.start_torch(backend='gloo'), or check the host's GPUs with `nvidia-smi`")
+            "use cu.start_torch(backend='gloo') with COURSE_TORCH_DEVICE unset, or check the "
+            "host's GPUs with `nvidia-smi`")
     index = local_rank % torch.cuda.device_count()
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
