@@ -37,7 +37,7 @@ def test_uv_gets_pips_indexes_links_and_constraints_with_the_environment_first(
                  ("--extra-index-url", "file:///b/simple"), ("--find-links", "/from/env"),
                  ("--constraint", "/c.txt")]:
         assert pair in pairs
-    assert "--compile-bytecode" in cmd  # see the module's docstring
+    assert "--compile-bytecode" not in cmd  # Python caches what is imported (the Makefile)
     assert "/from/file" not in cmd and "/ca.pem" not in cmd
 
 
@@ -45,3 +45,12 @@ def test_without_a_spec_it_says_how_to_call_it():
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "install_venv.py")],
                           capture_output=True, text=True, env=dict(os.environ), check=False)
     assert done.returncode == 2 and "install_venv.py VENV SPEC" in done.stderr
+
+
+def test_make_runs_the_course_with_bytecode_caching_on():
+    """CI sets PYTHONDONTWRITEBYTECODE; the Makefile's commands must run without it."""
+    show = "show: ; @echo \"[$$PYTHONDONTWRITEBYTECODE]\""
+    done = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "--eval", show, "show"],
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, check=False)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -8,10 +8,9 @@ constraints that ``pip config list`` shows are handed to it, and it is told to c
 indexes as pip does (``--index-strategy unsafe-best-match``): both install the same releases
 from the same places. When uv cannot be installed or fails, pip does the work, as before.
 
-Both byte-compile what they install. Python would compile a module on its first import and
-cache it, but not where ``PYTHONDONTWRITEBYTECODE`` is set (as it is on this project's CI
-machines): there every process compiled TensorFlow again, 11.0 s of CPU for ``import
-tensorflow`` against 4.9 s with the cache (torch: 3.2 against 1.7 s).
+Neither byte-compiles at install (uv's ``--compile-bytecode`` took 45 s of CPU, mostly for
+modules nothing imports): Python caches what is imported, on first import, since the Makefile
+runs without ``PYTHONDONTWRITEBYTECODE`` (see there).
 
 Standard library only: it runs before anything is installed.
 """
@@ -52,7 +51,7 @@ def pip_settings(python: str) -> dict[str, list[str]]:
 
 def uv_command(venv: Path, spec: list[str], settings: dict[str, list[str]]) -> list[str]:
     """The ``uv pip install`` line that installs ``spec`` as pip would here."""
-    cmd = [str(venv / "bin" / "uv"), "pip", "install", "--quiet", "--compile-bytecode",
+    cmd = [str(venv / "bin" / "uv"), "pip", "install", "--quiet",
            "--python", str(venv / "bin" / "python"), "--index-strategy", "unsafe-best-match"]
     for name, option in OPTIONS.items():
         for value in settings.get(name, []):
@@ -66,7 +65,7 @@ def main(argv: list[str]) -> int:
         return 2
     venv, spec = Path(argv[0]), argv[1:]
     python = str(venv / "bin" / "python")
-    pip = [python, "-m", "pip", "install", "--quiet"]
+    pip = [python, "-m", "pip", "install", "--quiet", "--no-compile"]
     settings = pip_settings(python)
     env = dict(os.environ)
     if settings.get("cert") and "SSL_CERT_FILE" not in env:
