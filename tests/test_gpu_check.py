@@ -40,3 +40,10 @@ def test_the_graduation_script_is_unit6s_solution(tmp_path):
     src = path.read_text()
     assert not src.startswith("%%writefile") and "def main(" in src
     compile(src, str(path), "exec")
+
+
+def test_only_the_checks_that_compare_ranks_are_expected_to_fail_on_one_rank():
+    sampler = "cell 10: AssertionError: checked:  which items rank 0 gets in epochs 0 and 1"
+    resume = "cell 36: AssertionError: checked:  max |w_resumed - w_uninterrupted| on each rank"
+    assert gpu_check.split_one_rank([sampler, resume], "nccl-1-rank") == ([resume], [sampler])
+    assert gpu_check.split_one_rank([sampler], "gloo-2-ranks") == ([sampler], [])
