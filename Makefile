@@ -22,10 +22,9 @@ lab: install
 
 # `make test` shares the suite between three pytest-xdist workers (one process: TEST_WORKERS=0).
 # Two left ~16% of both cores idle (tests that wait on timeouts, the hub, links); three fill
-# them (94-96% busy; four clean runs: 923-1070 s of pytest, against 1238 s with two in the
-# same session) and, since the mistakes
-# catalogue runs inside nbval's kernels, no longer crowd its timed checks (unit 7 ex2's planted
-# mistake failed in 5.0 s against its 30 s limit).
+# them (93-96% busy; six clean runs: 897-1070 s of pytest, against 1238 s with two in the
+# same session). Since the mistakes catalogue runs inside nbval's kernels, three no longer
+# crowd its timed checks (unit 7 ex2's planted mistake failed in 3.9-5.6 s of its 30 s).
 # pyproject.toml's --dist loadfile keeps each file, and each notebook's cells, on one worker;
 # a test that hangs fails after pytest-timeout's limit there, naming itself.
 TEST_WORKERS ?= 3

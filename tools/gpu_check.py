@@ -194,22 +194,21 @@ def graduation_script(out: Path) -> Path:
 def scripts(out: Path) -> list[dict]:
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     mod = ["-m", "course_utils.torch_dist.ddp_script", "--steps", "20"]
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     grad = graduation_script(out)
     ckpt = str(out / "ckpt" / "train_ddp.pt")
     return [
         sh("ddp_script, 1 rank, nccl", torchrun + ["--nproc-per-node=1", *mod, "--backend",
-                                                   "nccl"], env=env),
+                                                   "nccl"]),
         sh("ddp_script loop, 2 ranks, gloo, CUDA tensors",
-           torchrun + ["--nproc-per-node=2", str(Path(__file__)), "--gloo-cuda-job"], env=env),
+           torchrun + ["--nproc-per-node=2", str(Path(__file__)), "--gloo-cuda-job"]),
         sh("nccl, 2 ranks on one GPU", torchrun + ["--nproc-per-node=2", str(Path(__file__)),
-                                                   "--nccl-shared-job"], timeout=120, env=env),
+                                                   "--nccl-shared-job"], timeout=120),
         sh("graduation script, 1 rank, first run", torchrun + ["--nproc-per-node=1", str(grad),
                                                                "--steps", "10", "--checkpoint",
-                                                               ckpt], env=env),
+                                                               ckpt]),
         sh("graduation script, 1 rank, resumed", torchrun + ["--nproc-per-node=1", str(grad),
                                                              "--steps", "20", "--checkpoint",
-                                                             ckpt], env=env),
+                                                             ckpt]),
     ]
 
 
