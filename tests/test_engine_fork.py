@@ -223,3 +223,32 @@ def test_a_check_world_of_its_own_is_forked_by_the_clusters_server():
         assert left == before, [(p, procs.state(p)) for p in left]
     finally:
         cu.stop(force=True)
+
+
+@ipp.interactive
+def preloaded() -> tuple[bool, int]:
+    import os
+    import sys
+
+    return "tabnanny" in sys.modules, os.getppid()
+
+
+def test_a_cluster_started_with_preload_has_its_modules_on_every_engine_start_and_restart():
+    """``cu.start(preload=[...])`` (units 4 and 5 pass TensorFlow): the fork server is
+    started with the list and imports it before it forks, and a restart's engines come from
+    the same server; a cluster started without it does not have the module."""
+    cid = f"{CID}-preload"
+    cc = cu.start(n=2, cluster_id=cid, preload=["tabnanny"])  # nothing else imports it
+    try:
+        (server,) = servers(cid)
+        assert procs.environ_has(server, "COURSE_ENGINE_PRELOAD=tabnanny")
+        assert cc.run(preloaded) == [(True, server)] * 2
+        cc = cu.restart()
+        assert cc.run(preloaded) == [(True, server)] * 2
+    finally:
+        cu.stop(force=True)
+    cc = cu.start(n=1, cluster_id=f"{cid}-without")
+    try:
+        assert cc.run(preloaded)[0][0] is False
+    finally:
+        cu.stop(force=True)

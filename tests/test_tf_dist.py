@@ -97,7 +97,7 @@ def test_unanswered_names_missing_tasks_within_the_bound():
 def cluster():
     import course_utils as cu
 
-    cc = cu.start(n=2, cluster_id=f"pytest-tf-{os.getpid()}")
+    cc = cu.start(n=2, cluster_id=f"pytest-tf-{os.getpid()}", preload=["tensorflow"])
     yield cc
     tf_dist.stop_servers(cc)
     cc.stop(force=True)

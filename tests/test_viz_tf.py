@@ -36,7 +36,7 @@ def runs():
     import course_utils as cu
     from course_utils import tf_dist
 
-    cc = cu.start(n=2, cluster_id=CID)
+    cc = cu.start(n=2, cluster_id=CID, preload=["tensorflow"])
     try:
         load_unit4(cc, num_ps=2)
         out = dict(trec.record_ps(cc, STEPS, timeout=180))

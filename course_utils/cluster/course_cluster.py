@@ -41,12 +41,14 @@ class CourseCluster:
     """A connected cluster: the ipyparallel client, a view on all engines and the rank map."""
 
     def __init__(self, cluster: ipp.Cluster, client: ipp.Client, profile: ClusterProfile,
-                 owned: bool, n: int) -> None:
+                 owned: bool, n: int, preload: tuple[str, ...] = ()) -> None:
         self.cluster = cluster
         self.client = client
         self.profile = profile
         self.owned = owned
         self.n = n
+        #: modules its engines import before their first call, on start and restart
+        self.preload = preload
         self.rank_map: RankMap | None = None
         self.view = client.direct_view("all")
         self.view.block = True
@@ -327,7 +329,8 @@ class CourseCluster:
     # ---- lifecycle ---------------------------------------------------------------------
     def restart(self, timeout: float | None = None, force: bool = False) -> CourseCluster:
         """Replace every engine (the only cure for a rank stuck in a collective), then re-run
-        the restart hooks so the process group comes back. Engines get new ids.
+        the restart hooks so the process group comes back. Engines get new ids and import
+        what the cluster's start named in ``preload``.
 
         Refuses while the engines run another notebook's cell (that would kill its work),
         unless ``force``."""
@@ -344,7 +347,7 @@ class CourseCluster:
         old = set(self.client.ids)
         launching.stop_engines(self.cluster, kill=True)
         self._stuck.forget_stack_files()
-        launching.start_engines(self.cluster, self.profile, self.n)
+        launching.start_engines(self.cluster, self.profile, self.n, self.preload)
         launching.wait_for_engines(self.cluster, self.client, self.n, timeout, exclude=old)
         launching.wait_unregistered(self.client, old)
         self.flags.pop("pg_broken", None)

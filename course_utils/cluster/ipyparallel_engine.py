@@ -63,10 +63,14 @@ MODULE = "course_utils.cluster.ipyparallel_engine"
 ENGINE_FILE = __file__
 
 
+#: The variable that names the modules an engine imports before its first call.
+PRELOAD_ENV = "COURSE_ENGINE_PRELOAD"
+
+
 def preload_names(environ: dict[str, str] | None = None) -> list[str]:
     """The modules named in ``$COURSE_ENGINE_PRELOAD`` (comma-separated)."""
     env = os.environ if environ is None else environ
-    return [n.strip() for n in env.get("COURSE_ENGINE_PRELOAD", "").split(",") if n.strip()]
+    return [n.strip() for n in env.get(PRELOAD_ENV, "").split(",") if n.strip()]
 
 
 def run_engine() -> None:

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import ipyparallel as ipp
@@ -22,7 +23,7 @@ from ipyparallel.cluster.launcher import LocalProcessLauncher
 
 from .. import settings
 from ..errors import CourseError, EnginesDidNotStart
-from . import engine, engine_fork, slurm, slurm_queue
+from . import engine, engine_fork, ipyparallel_engine, slurm, slurm_queue
 from .cluster_files import course_file_of, owner_only, profile_dir, remove_stale
 from .profiles import ClusterProfile
 from .sharing import adopt_recorded_engines
@@ -96,13 +97,18 @@ def new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
     return cl
 
 
-def engine_env(prof: ClusterProfile, n: int) -> dict[str, str]:
-    """The variables ``n`` engines of ``prof`` start with (on top of the launcher's)."""
-    return prof.engine_env(n, settings.threads_per_engine(prof.engines_per_host(n)))
+def engine_env(prof: ClusterProfile, n: int, preload: Sequence[str] = ()) -> dict[str, str]:
+    """The variables ``n`` engines of ``prof`` start with (on top of the launcher's); with
+    ``preload``, the modules they import before their first call (a local cluster's fork
+    server imports them once, before it forks the engines)."""
+    env = prof.engine_env(n, settings.threads_per_engine(prof.engines_per_host(n)))
+    if preload:
+        env[ipyparallel_engine.PRELOAD_ENV] = ",".join(preload)
+    return env
 
 
 def prestart_fork_server(cl: ipp.Cluster, prof: ClusterProfile, n: int,
-                         timeout: float) -> None:
+                         timeout: float, preload: Sequence[str] = ()) -> None:
     """Local engines: start their fork server now, so that it imports while the controller
     starts (the same environment as :func:`start_engines` gives the engines); it must answer
     within ``timeout`` s, else the engines start as their own processes."""
@@ -111,14 +117,16 @@ def prestart_fork_server(cl: ipp.Cluster, prof: ClusterProfile, n: int,
         return
     cmd = cl.config.LocalEngineSetLauncher.engine_cmd
     env = {**os.environ, "IPP_CLUSTER_ID": cl.cluster_id, "IPP_PROFILE_DIR": cl.profile_dir,
-           **engine_env(prof, n)}
+           **engine_env(prof, n, preload)}
     engine_fork.prestart(cmd[0], env, timeout)
 
 
-def start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
-    """Start ``n`` engines the profile's way (this machine, SSH hosts, a Slurm job)."""
+def start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int,
+                  preload: Sequence[str] = ()) -> None:
+    """Start ``n`` engines the profile's way (this machine, SSH hosts, a Slurm job), each
+    importing ``preload`` before its first call."""
     owner_only(cl)
-    env = engine_env(prof, n)
+    env = engine_env(prof, n, preload)
     if prof.launcher != "ssh":
         cl.start_engines_sync(n, environment=env)
         return
@@ -127,15 +135,16 @@ def start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int) -> None:
     start_ssh_engines(cl, prof, n, env)
 
 
-def start_ipp_cluster(cid: str, prof: ClusterProfile, n: int,
-                      timeout: float) -> tuple[ipp.Cluster, ipp.Client]:
-    """A new controller and ``n`` engines under id ``cid``, registered, and a client."""
+def start_ipp_cluster(cid: str, prof: ClusterProfile, n: int, timeout: float,
+                      preload: Sequence[str] = ()) -> tuple[ipp.Cluster, ipp.Client]:
+    """A new controller and ``n`` engines under id ``cid`` (importing ``preload``),
+    registered, and a client."""
     remove_stale(cid)
     cl = new_ipp_cluster(cid, prof, n)
-    prestart_fork_server(cl, prof, n, timeout)
+    prestart_fork_server(cl, prof, n, timeout, preload)
     cl.start_controller_sync()
     try:
-        start_engines(cl, prof, n)
+        start_engines(cl, prof, n, preload)
         client = cl.connect_client_sync()
     except CourseError:  # already says cause and fix (e.g. sbatch refused the engines' job)
         stop_cluster(cl)

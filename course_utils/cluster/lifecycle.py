@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Sequence
 
 import ipyparallel as ipp
 
@@ -60,6 +61,7 @@ def start(
     profile: str | ClusterProfile | None = None,
     timeout: float | None = None,
     cluster_id: str | None = None,
+    preload: Sequence[str] = (),
 ) -> CourseCluster:
     """Start or connect to the course cluster and give every engine its rank. Idempotent.
 
@@ -68,6 +70,10 @@ def start(
     3. else a new one with ``n`` engines (default ``$COURSE_ENGINES`` or 2).
 
     ``n=None`` accepts whatever is running; an explicit ``n`` that differs is an error.
+    ``preload``: modules a new cluster's engines import before their first call, and so
+    do the engines that replace them (``04_tf_classic_ps`` passes TensorFlow: every engine
+    of its cluster needs it, and local engines then get it from their fork server's one
+    import instead of importing it each).
     """
     prof = _profile(profile)
     want = prof.engine_count(n)
@@ -93,7 +99,8 @@ def start(
 
     cc = connect_existing(cid, prof, want, timeout)
     if cc is None:
-        cc = _start_new(cid, prof, want or settings.default_engines(), timeout)
+        cc = _start_new(cid, prof, want or settings.default_engines(), timeout,
+                        tuple(preload))
     cc.refresh_ranks()
     cc.activate()
     registry.make_current(cc)
@@ -156,9 +163,10 @@ def stop_running(cluster_id: str | None = None) -> bool:
     return True
 
 
-def _start_new(cid: str, prof: ClusterProfile, n: int, timeout: float) -> CourseCluster:
-    cl, client = launching.start_ipp_cluster(cid, prof, n, timeout)
-    cc = CourseCluster(cl, client, prof, owned=True, n=n)
+def _start_new(cid: str, prof: ClusterProfile, n: int, timeout: float,
+               preload: tuple[str, ...] = ()) -> CourseCluster:
+    cl, client = launching.start_ipp_cluster(cid, prof, n, timeout, preload)
+    cc = CourseCluster(cl, client, prof, owned=True, n=n, preload=preload)
     write_course_file(cl, True, None)
     return cc
 
