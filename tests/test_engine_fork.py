@@ -184,11 +184,14 @@ def test_fork_off_starts_each_engine_as_its_own_python(monkeypatch):
         cu.stop(force=True)
 
 
-def test_server_key_names_python_and_every_variable():
-    env = {"A": "1", "IPP_CLUSTER_ID": "c"}
+def test_server_key_names_python_and_every_variable_but_the_momentary_ones():
+    env = {"A": "1", "IPP_CLUSTER_ID": "c", "PYTEST_CURRENT_TEST": "t.py::a (setup)"}
     key = engine_fork.server_key("/usr/bin/python3", env)
     assert key == engine_fork.server_key("/usr/bin/python3", dict(reversed(env.items())))
     assert key != engine_fork.server_key("/usr/bin/python3", {**env, "A": "2"})
+    assert key != engine_fork.server_key("/usr/bin/python3", {**env, "IPP_CLUSTER_ID": "d"})
+    for name in engine_fork.MOMENTARY:  # a restart in the next test reuses the server
+        assert key == engine_fork.server_key("/usr/bin/python3", {**env, name: "other"})
     assert key != engine_fork.server_key("/opt/python3", env)
     assert oct(engine_fork.socket_dir().stat().st_mode & 0o777) == "0o700"
 

@@ -11,7 +11,8 @@ directory and output file; it runs exactly what an exec'd engine runs
 What stays as before: ipyparallel tracks each engine by its pid (signals, ``stop``, the
 cluster file that other kernels read), process scans find engines by their command line
 (``ipyparallel`` in it) and by the cluster id and run marks in their environment (a server
-is started with exactly the environment its children get, so ``/proc/PID/environ`` is right).
+is started with the environment its children get, so ``/proc/PID/environ`` is right, but for
+the :data:`MOMENTARY` variables, which may show the values of the server's first engine).
 
 Nothing here listens on the network: the server's socket is a Unix socket in a directory only
 this user can enter. The server lives while the process that started it lives, exits when that
@@ -77,9 +78,18 @@ def socket_dir() -> Path:
     return d
 
 
+#: Variables that change while a process runs and that nothing reads before an engine starts
+#: (its child gets the request's values): pytest's name of the running test, the connection
+#: info ipyparallel hands the engines, a kernel's TF_CONFIG. A difference in them alone does
+#: not start another server (each one imports torch again, 2-3 s of CPU).
+MOMENTARY = ("PYTEST_CURRENT_TEST", "IPP_CONNECTION_INFO", "TF_CONFIG")
+
+
 def server_key(python: str, env: dict[str, str]) -> str:
-    """Which server may fork an engine: same interpreter and exactly the same environment."""
-    blob = json.dumps([python, sorted(env.items())]).encode()
+    """Which server may fork an engine: same interpreter and the same environment, but for
+    the :data:`MOMENTARY` variables."""
+    kept = sorted((k, v) for k, v in env.items() if k not in MOMENTARY)
+    blob = json.dumps([python, kept]).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
