@@ -532,3 +532,31 @@ def test_a_tiny_course_end_to_end_with_a_written_answer(tmp_path):
     assert "formgrader" in ann.questions[1].note and not ann.questions[1].reason
     assert re.search(r"NotImplementedError: Exercise|NotImplementedError: Unit 0",
                      bob.questions[0].reason), bob.questions[0].reason
+
+
+def test_a_cluster_that_does_not_start_is_tried_once_more_on_a_fresh_id(monkeypatch, capsys):
+    """One failed start (seen once in a loaded full run: both engines lost the controller's
+    heartbeat) does not end a class's grading: the grader says so and starts a fresh cluster;
+    a second failure is the error."""
+    from course_utils.cluster import lifecycle
+    from course_utils.errors import EnginesDidNotStart
+    from course_utils.instructor.grading_cluster import RUN_MARK, GradingCluster
+
+    asked: list[str] = []
+
+    def start(n, cluster_id, timeout):
+        asked.append(cluster_id)
+        if len(asked) in (1, 3, 4):
+            raise EnginesDidNotStart("2 of 2 engines exited before registering", "retry")
+        return None
+
+    monkeypatch.setattr(lifecycle, "start", start)
+    monkeypatch.setattr(lifecycle, "stop_running", lambda cid: False)
+    with GradingCluster(engines=2) as gc:
+        gc.restart()
+        assert asked == [f"grade-{os.getpid()}-1", f"grade-{os.getpid()}-2"]
+        assert os.environ[RUN_MARK] == asked[-1]
+        assert "did not start (2 of 2 engines exited" in capsys.readouterr().err
+        with pytest.raises(EnginesDidNotStart):
+            gc.restart()  # the third and fourth starts fail
+    assert len(asked) == 4 and RUN_MARK not in os.environ

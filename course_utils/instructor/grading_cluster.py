@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 
 from .. import procs, settings
+from ..errors import CourseError
 
 #: Marks every process started for one graded notebook (the controller, engines, the kernel and
 #: anything it starts inherit it), so that all of them can be ended by pid afterwards.
@@ -73,10 +75,26 @@ class GradingCluster:
                                                           settings.ENV_ENGINES)}
 
     def restart(self) -> float:
-        """End everything of the previous run and have a clean cluster ready; seconds taken."""
+        """End everything of the previous run and have a clean cluster ready; seconds taken.
+        A start that fails is tried once more, on a fresh id with everything of the failed
+        one ended first (said on stderr): one bad start does not stop a class's grading."""
+        t0 = time.perf_counter()
+        try:
+            self._fresh()
+        except CourseError as exc:
+            first = (exc.cause or str(exc)).splitlines()[0]
+            print(f"course grade: cluster {self.cluster_id} did not start ({first}); "
+                  "trying once more on a fresh one", file=sys.stderr, flush=True)
+            from ..cluster import lifecycle
+
+            with contextlib.suppress(Exception):  # its files and controller; its processes
+                lifecycle.stop_running(self.cluster_id)  # are killed by their mark next
+            self._fresh()
+        return time.perf_counter() - t0
+
+    def _fresh(self) -> None:
         from ..cluster import lifecycle
 
-        t0 = time.perf_counter()
         self._stop_cluster()
         if self.mark:
             kill_marked(self.mark)
@@ -86,10 +104,9 @@ class GradingCluster:
         os.environ[settings.ENV_CLUSTER_ID] = self.cluster_id
         if self.sandbox:  # nothing to start here: the sandbox has its own network and processes
             os.environ[settings.ENV_ENGINES] = str(self.engines)
-            return time.perf_counter() - t0
+            return
         self.cc = lifecycle.start(n=self.engines, cluster_id=self.cluster_id,
                                   timeout=self.start_timeout)
-        return time.perf_counter() - t0
 
     def _stop_cluster(self) -> None:
         from ..cluster import lifecycle
