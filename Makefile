@@ -22,9 +22,12 @@ lab: install
 
 # `make test` shares the suite between three pytest-xdist workers (one process: TEST_WORKERS=0).
 # Two left ~16% of both cores idle (tests that wait on timeouts, the hub, links); three fill
-# them (93-96% busy; six clean runs: 897-1070 s of pytest, against 1238 s with two in the
-# same session). Since the mistakes catalogue runs inside nbval's kernels, three no longer
-# crowd its timed checks (unit 7 ex2's planted mistake failed in 3.9-5.6 s of its 30 s).
+# them (92-96% busy; clean runs: 1238 s of pytest with two; 897-1070 s with three, then 821,
+# 841 and 828 s once units 4-5 preloaded TensorFlow and a fork server served its cluster
+# across tests).
+# Four measured 891 s: 97% busy, but every process took 8-10% more CPU. Since the mistakes
+# catalogue runs inside nbval's kernels, three no longer crowd its timed checks (unit 7 ex2's
+# planted mistake failed in 3.9-5.6 s of its 30 s).
 # pyproject.toml's --dist loadfile keeps each file, and each notebook's cells, on one worker;
 # a test that hangs fails after pytest-timeout's limit there, naming itself.
 TEST_WORKERS ?= 3
