@@ -6,6 +6,7 @@ import os
 import random
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -163,6 +164,28 @@ def test_two_host_example_profile_parses():
     engines = kw["config"].SSHEngineSetLauncher.engines
     assert list(engines) == prof.host_order
 
+
+
+@pytest.mark.parametrize("name", ["local", "two-hosts", "slurm"])
+def test_every_launchers_engines_wait_30_s_for_their_registration(name, tmp_path):
+    """ipyparallel's engines give up after 5 s without the controller's answer; a controller
+    busy starting several learners' clusters at once can take longer."""
+    from course_utils.cluster.launching import REGISTRATION_S, new_ipp_cluster
+
+    cl = new_ipp_cluster("reg-test", load_profile(name), 2)
+    engines = cl.engine_launcher_class(parent=cl, profile_dir=str(tmp_path), cluster_id="r")
+    assert REGISTRATION_S >= 30
+    assert engines.engine_args == [f"--IPEngine.timeout={REGISTRATION_S}"]
+    if hasattr(engines, "write_batch_script"):  # Slurm: the line srun runs in the job script
+        engines.write_batch_script(2)
+        command = Path(engines.batch_file).read_text().splitlines()[-1]
+    else:  # a set of per-engine launchers, each given the config traits it shares with the
+        # set, as ipyparallel's start() does; an SSH one runs ``program + program_args`` there
+        shared = set(engines.traits(config=True)) & set(
+            engines.launcher_class.class_traits(config=True))
+        one = engines.launcher_class(parent=engines, **{t: getattr(engines, t) for t in shared})
+        command = " ".join(map(str, getattr(one, "program_args", None) or one.args))
+    assert f"--IPEngine.timeout={REGISTRATION_S}" in command, command
 
 @pytest.mark.parametrize(
     "data, match",

@@ -30,6 +30,9 @@ from .sharing import adopt_recorded_engines
 
 HEARTBEAT_MS = 500
 HEARTBEAT_MISSES = 20
+# How long an engine waits for the controller's answer to its registration. A local engine
+# asks the moment the connection file is written, before the controller is ready to answer.
+REGISTRATION_S = 30
 #: The module local engines run (see its docstring).
 ENGINE_MODULE = "course_utils.cluster.ipyparallel_engine"
 
@@ -80,6 +83,11 @@ def new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
         ],
         **cluster_kwargs(prof),
     )
+    # An engine gives up (exit 255) when the controller has not answered its registration
+    # request in IPEngine.timeout, ipyparallel's 5 s by default: short for a controller that
+    # is busy starting several learners' clusters at once. Every launcher (local, SSH, Slurm)
+    # puts engine_args on the engine's command line.
+    cl.config.EngineLauncher.engine_args = [f"--IPEngine.timeout={REGISTRATION_S:g}"]
     cmd = prof.engine_cmd()
     if prof.is_local:
         # Engines start with the controller, not after it: each waits for the connection
@@ -87,9 +95,6 @@ def new_ipp_cluster(cid: str, prof: ClusterProfile, n: int) -> ipp.Cluster:
         # controller, then pass the connection info in the environment).
         cl.send_engines_connection_env = False
         cl.config.LocalEngineSetLauncher.delay = 0  # no 0.1 s pause between engines
-        # Such an engine asks to register the moment the file is written, before the
-        # controller answers; ipyparallel's 5 s for the answer is short on a loaded machine.
-        cl.config.LocalEngineSetLauncher.engine_args = ["--IPEngine.timeout=30"]
         cmd = [*(cmd[:1] if cmd else [sys.executable]), "-m", ENGINE_MODULE]
     if cmd:
         cl.config.LocalEngineLauncher.engine_cmd = cmd
