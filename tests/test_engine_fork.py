@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -201,8 +202,9 @@ def test_a_request_for_another_program_is_not_forked():
         engine_fork.fork_engine(["python", "-m", "ipyparallel.controller"], {}, ".", os.devnull)
 
 
-def test_a_check_world_of_its_own_is_forked_by_the_clusters_server():
+def test_a_check_world_of_its_own_is_forked_by_the_clusters_server(monkeypatch):
     from course_utils.checks import run_on_ranks
+    from course_utils.cluster import ports
     from course_utils.errors import CourseError
 
     cid = f"{CID}-world"
@@ -217,6 +219,19 @@ def test_a_check_world_of_its_own_is_forked_by_the_clusters_server():
         with pytest.raises(CourseError, match=r"rank 1 of the 2-rank check failed.*rank one"):
             run_on_ranks(None, [], "os:getppid", world_size=2, timeout=60, sources=[
                 "if rank == 1:\n    raise RuntimeError('rank one broke')\ndist.barrier()\n"])
+        # a world whose rank 0 cannot join (its port taken since the pick) is formed once
+        # more on a fresh port; taken twice, the error says so
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            picks = iter([taken.getsockname()[1], ports.free_port()])
+            monkeypatch.setattr(ports, "free_port", lambda *a: next(picks))
+            got = run_on_ranks(None, [], "os:getppid", world_size=2, timeout=60, sources=[])
+            assert got[0] == server, got
+            monkeypatch.setattr(ports, "free_port", lambda *a: taken.getsockname()[1])
+            with pytest.raises(CourseError, match=r"rank 0 of the 2-rank check failed.*cannot "
+                                                  r"listen"):
+                run_on_ranks(None, [], "os:getppid", world_size=2, timeout=60, sources=[])
         # the launcher is gone when run_on_ranks returns; its server reaps it in its next
         # loop (every 0.2 s), so its children are back to these within a moment
         deadline = time.monotonic() + 5

@@ -4,6 +4,8 @@ with the notebook's own solution cells, and with a planted mistake, which must f
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
@@ -95,10 +97,13 @@ def test_fsdp_solution_passes_on_4_ranks():
 
 
 @pytest.mark.timeout(200)
-def test_a_rank_that_fails_is_reported_at_once_and_nothing_is_left():
+def test_a_rank_that_fails_is_reported_at_once_and_nothing_is_left(monkeypatch, tmp_path):
     # rank 1 fails; rank 0 waits in a barrier it will never leave: the runner must not wait
     broken = "if rank == 1:\n    raise RuntimeError('rank one broke')\ndist.barrier()\n"
+    # this world's spec lies under tmp_path, so its processes' command lines name it (other
+    # files' checks run worlds of their own at the same time on other workers)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(CourseError, match=r"rank 1 of the 2-rank check failed.*rank one broke"):
         run_on_ranks(None, [], "engine_check_bounds", world_size=2, timeout=150,
                      sources=[broken])
-    assert not list(pids_running("course_utils.checks.own_world"))
+    assert not list(pids_running(str(tmp_path)))

@@ -58,13 +58,36 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
     ``world_size`` gloo processes that first run the learner's cells defining ``names`` (read
     from ``cluster``'s rank 0); one result per rank, in rank order. ``sources`` (cells as
     text) replaces reading them from ``cluster`` (then ``None``): what the tests do.
-    ``extra_env``: variables set for the world on top of this process's (e.g. debug off)."""
+    ``extra_env``: variables set for the world on top of this process's (e.g. debug off).
+
+    A world whose ranks failed to connect to each other, before any of them ran a line of
+    the learner's cells, is formed once more on a fresh port (seen once in a loaded test run:
+    gloo's ``connectFullMesh`` lost its peer); a second such failure is reported."""
+    if sources is None:
+        sources = cluster.run(engine_cell_sources, names, timeout=30)[0]
+    for attempt in (1, 2):
+        try:
+            return _one_world(sources, probe, world_size, timeout, extra_env or {}, kwargs)
+        except _NotJoined as exc:
+            if attempt == 2:
+                raise exc.error from None
+    raise AssertionError("unreachable")
+
+
+class _NotJoined(Exception):
+    """A world that failed before every rank had joined its process group."""
+
+    def __init__(self, error: CourseError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _one_world(sources: list[str], probe: str, world_size: int, timeout: float,
+               extra_env: dict[str, str], kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     from ..cluster.ports import free_port
 
     with tempfile.TemporaryDirectory(prefix="course-world-") as tmp:
         spec = Path(tmp) / "spec.json"
-        if sources is None:
-            sources = cluster.run(engine_cell_sources, names, timeout=30)[0]
         spec.write_text(json.dumps({"sources": sources, "probe": probe,
                                     "kwargs": kwargs, "world_size": world_size,
                                     "port": free_port(), "timeout": timeout}))
@@ -72,7 +95,7 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
         from ..torch_dist.process_group import loopback_ifname
 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-               "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo", **(extra_env or {})}
+               "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo", **extra_env}
         with open(Path(tmp) / "launcher.txt", "w") as err:
             # forked by this process's cluster fork server, which imported torch already
             proc = fork_protocol.fork_helper(
@@ -82,11 +105,17 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         try:
             _watch(proc, Path(tmp), world_size, time.monotonic() + timeout, timeout)
+            return [_result(Path(tmp), r, world_size) for r in range(world_size)]
+        except CourseError as exc:
+            failed = {f.stem.split("-")[1] for f in Path(tmp).glob("failed-*.txt")}
+            joined = {f.name.split("-")[1] for f in Path(tmp).glob("joined-*")}
+            if failed and not failed & joined:  # every rank that failed did so joining
+                raise _NotJoined(exc) from None
+            raise
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)     # the launcher and every rank it forked
             proc.wait()
-        return [_result(Path(tmp), r, world_size) for r in range(world_size)]
 
 
 def _watch(proc: Any, tmp: Path, world_size: int, deadline: float,
@@ -159,8 +188,11 @@ def main(spec_path: str) -> None:
         children.append(pid)
     torch.set_num_threads(1)
     code = _run_rank(spec_path, spec, 0)
-    for pid in children:
-        code |= os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+    for r, pid in enumerate(children, start=1):
+        ended = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        if ended < 0:  # no traceback of its own: say what ended it
+            print(f"rank {r} was ended by {signal.Signals(-ended).name}", file=sys.stderr)
+        code |= ended != 0
     sys.exit(code)
 
 
@@ -190,6 +222,7 @@ def _run_rank(spec_path: str, spec: dict[str, Any], rank: int) -> int:
         store = rendezvous_store(rank, spec["world_size"], "127.0.0.1", spec["port"], wait)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=spec["world_size"],
                                 timeout=wait)  # the store listens on loopback only
+        (folder / f"joined-{rank}").touch()
         ns = vars(__main__)
         ns.update(torch=torch, dist=dist, nn=nn, F=F, math=math, sharding=sharding, rank=rank,
                   world_size=spec["world_size"])
