@@ -65,13 +65,14 @@ def run_on_ranks(cluster: Any, names: list[str], probe: str, world_size: int = 4
     gloo's ``connectFullMesh`` lost its peer); a second such failure is reported."""
     if sources is None:
         sources = cluster.run(engine_cell_sources, names, timeout=30)[0]
-    for attempt in (1, 2):
-        try:
-            return _one_world(sources, probe, world_size, timeout, extra_env or {}, kwargs)
-        except _NotJoined as exc:
-            if attempt == 2:
-                raise exc.error from None
-    raise AssertionError("unreachable")
+    try:
+        return _one_world(sources, probe, world_size, timeout, extra_env or {}, kwargs)
+    except _NotJoined:
+        pass  # formed once more below, on a fresh port
+    try:
+        return _one_world(sources, probe, world_size, timeout, extra_env or {}, kwargs)
+    except _NotJoined as exc:
+        raise exc.error from None
 
 
 class _NotJoined(Exception):
