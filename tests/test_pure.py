@@ -165,7 +165,6 @@ def test_two_host_example_profile_parses():
     assert list(engines) == prof.host_order
 
 
-
 @pytest.mark.parametrize("name", ["local", "two-hosts", "slurm"])
 def test_every_launchers_engines_wait_30_s_for_their_registration(name, tmp_path):
     """ipyparallel's engines give up after 5 s without the controller's answer; a controller
@@ -186,6 +185,7 @@ def test_every_launchers_engines_wait_30_s_for_their_registration(name, tmp_path
         one = engines.launcher_class(parent=engines, **{t: getattr(engines, t) for t in shared})
         command = " ".join(map(str, getattr(one, "program_args", None) or one.args))
     assert f"--IPEngine.timeout={REGISTRATION_S}" in command, command
+
 
 @pytest.mark.parametrize(
     "data, match",
@@ -400,6 +400,12 @@ def test_procs_tell_live_zombie_and_gone_processes_apart():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
                              env={**os.environ, "COURSE_TEST_MARK": "procs-1"})
     try:
+        # until the child has exec'd python, /proc shows this process's command line and
+        # environment (a forked copy); wait for that moment, bounded
+        deadline = time.time() + 10
+        while "time.sleep(30)" not in " ".join(procs.cmdline(child.pid)) \
+                and time.time() < deadline:
+            time.sleep(0.01)
         assert procs.pid_alive(child.pid)
         assert procs.parent(child.pid) == os.getpid()
         assert procs.start_time(child.pid)
