@@ -74,19 +74,7 @@ def test_engines_are_children_of_one_server_that_imported_torch():
     assert list(engine_fork.socket_dir().glob(f"{tag}-*")) == []  # its socket went with it
 
 
-@ipp.interactive
-def warm_spare() -> dict:
-    import os
-
-    from course_utils.checks import side_ranks
-
-    started_before = side_ranks.engine_warm()
-    spare = side_ranks._SPARE
-    return {"before": started_before, "pid": spare["proc"].pid, "folder": spare["folder"],
-            "engine": os.getpid()}
-
-
-def test_an_engines_nanny_and_spare_are_forked_by_its_server_and_the_nanny_relays_signals():
+def test_an_engines_nanny_is_forked_by_its_server_and_relays_signals():
     cc = cu.start(n=2, cluster_id=CID)
     try:
         (server,) = servers(CID)
@@ -101,19 +89,10 @@ def test_an_engines_nanny_and_spare_are_forked_by_its_server_and_the_nanny_relay
         cc.client.send_signal(signal.SIGINT, targets=[0], block=True)
         with pytest.raises(ipp.error.RemoteError, match="KeyboardInterrupt"):
             ar.get(timeout=20)
-        # side_ranks' spare process (imports torch: here it is forked where torch is)
-        got = cc.client[0].apply_sync(warm_spare)
-        assert got["before"] is False and procs.parent(got["pid"]) == server
-        deadline = time.monotonic() + 20
-        while not os.path.exists(os.path.join(got["folder"], "ready")):
-            assert time.monotonic() < deadline, "the spare never became ready"
-            time.sleep(0.1)
-        assert cc.client[0].apply_sync(warm_spare)["before"] is True
     finally:
         cu.stop(force=True)
-    # the nannies and the spare follow their engines, although the server is their parent
-    assert wait_gone([*nannies, got["pid"]]), "a nanny or the spare outlived its engine"
-    assert not os.path.exists(got["folder"]), "the spare left its folder behind"
+    # the nannies follow their engines, although the server is their parent
+    assert wait_gone(nannies), "a nanny outlived its engine"
 
 
 def test_a_socket_no_server_answers_on_is_removed():
@@ -202,8 +181,18 @@ def test_a_request_for_another_program_is_not_forked():
         engine_fork.fork_engine(["python", "-m", "ipyparallel.controller"], {}, ".", os.devnull)
 
 
+LAUNCHED_BY = """
+def launched_by():
+    import os
+
+    from course_utils import procs
+    launcher = os.getppid()
+    return launcher, procs.parent(launcher)
+"""
+
+
 def test_a_check_world_of_its_own_is_forked_by_the_clusters_server(monkeypatch):
-    from course_utils.checks import run_on_ranks
+    from course_utils.checks import spawn
     from course_utils.cluster import ports
     from course_utils.errors import CourseError
 
@@ -212,27 +201,37 @@ def test_a_check_world_of_its_own_is_forked_by_the_clusters_server(monkeypatch):
     try:
         (server,) = servers(cid)
         before = sorted(p for p in procs.all_pids() if procs.parent(p) == server)
-        # rank 0 is the launcher, rank 1 its fork: os.getppid() names their parents
-        got = run_on_ranks(None, [], "os:getppid", world_size=2, timeout=60, sources=[])
-        assert got[0] == server and got[1] not in (server, os.getpid()), got
+        # the ranks are forks of one launcher, which the cluster's server forked
+        got = spawn("__main__:launched_by", 2, timeout=60, sources=[LAUNCHED_BY])
+        assert got[0] == got[1] and got[0][0] not in (server, os.getpid()), got
+        assert got[0][1] == server, got
+        # started by rank 0's engine (the learner's cells are read there): the same server
+        cu.current().view.execute(LAUNCHED_BY, block=True)
+        assert spawn("__main__:launched_by", 2, cells=["launched_by"], timeout=60)[0][1] == server
         # a failing rank is still reported with its message, and nothing is left
         with pytest.raises(CourseError, match=r"rank 1 of the 2-rank check failed.*rank one"):
-            run_on_ranks(None, [], "os:getppid", world_size=2, timeout=60, sources=[
+            spawn("os:getppid", 2, timeout=60, sources=[
                 "if rank == 1:\n    raise RuntimeError('rank one broke')\ndist.barrier()\n"])
         # a world whose rank 0 cannot join (its port taken since the pick) is formed once
         # more on a fresh port; taken twice, the error says so
         with socket.socket() as taken:
             taken.bind(("127.0.0.1", 0))
             taken.listen()
-            picks = iter([taken.getsockname()[1], ports.free_port()])
-            monkeypatch.setattr(ports, "free_port", lambda *a: next(picks))
-            got = run_on_ranks(None, [], "os:getppid", world_size=2, timeout=60, sources=[])
-            assert got[0] == server, got
-            monkeypatch.setattr(ports, "free_port", lambda *a: taken.getsockname()[1])
+            real, picked = ports.free_ports, []
+
+            def taken_once(*a):  # the store's port taken on the first pick only
+                picked.append(a)
+                return [taken.getsockname()[1], real(1)[0]] if len(picked) == 1 else real(*a)
+
+            monkeypatch.setattr(ports, "free_ports", taken_once)
+            got = spawn("__main__:launched_by", 2, timeout=60, sources=[LAUNCHED_BY])
+            assert got[0][1] == server, got
+            spare = ports.free_port()
+            monkeypatch.setattr(ports, "free_ports", lambda *a: [taken.getsockname()[1], spare])
             with pytest.raises(CourseError, match=r"rank 0 of the 2-rank check failed.*cannot "
                                                   r"listen"):
-                run_on_ranks(None, [], "os:getppid", world_size=2, timeout=60, sources=[])
-        # the launcher is gone when run_on_ranks returns; its server reaps it in its next
+                spawn("os:getppid", 2, timeout=60, sources=[])
+        # the launcher is gone when spawn returns; its server reaps it in its next
         # loop (every 0.2 s), so its children are back to these within a moment
         deadline = time.monotonic() + 5
         while (left := sorted(p for p in procs.all_pids() if procs.parent(p) == server)) \

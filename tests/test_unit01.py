@@ -12,7 +12,7 @@ matplotlib.use("Agg")
 from matplotlib.text import Text  # noqa: E402
 
 from course_utils.checks import collective_calls, ring_allreduce  # noqa: E402
-from course_utils.checks.side_ranks import simulated_rank_map  # noqa: E402
+from course_utils.checks.spawn import simulated_rank_map  # noqa: E402
 from course_utils.torch_dist.p2p import chunk_bounds  # noqa: E402
 from course_utils.viz.collectives import ring_schedule, ring_schedule_picture  # noqa: E402
 from course_utils.viz.pictures import blocking_ring, deadlock_picture  # noqa: E402

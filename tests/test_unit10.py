@@ -1,5 +1,5 @@
 """Unit 10's helpers without a cluster: the formulas, the figure, the byte counts of real
-tensors, and the graded probes on a world of their own gloo processes (``checks.run_on_ranks``)
+tensors, and the graded probes on a world of their own gloo processes (``checks.spawn``)
 with the notebook's own solution cells, and with a planted mistake, which must fail."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import tempfile
 import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
-from course_utils.checks import run_on_ranks
+from course_utils.checks import spawn
 from course_utils.errors import CourseError
 from course_utils.notebook_cells import nbgrader_meta
 from course_utils.procs import pids_running
@@ -70,7 +70,7 @@ def test_step_time_line_compares_the_slowest_ranks():
 @pytest.mark.timeout(400)
 def test_zero1_solution_passes_on_4_ranks_and_a_mistake_fails():
     sources = [_cell("ex1a-solution"), _cell("ex1-solution")]
-    res = run_on_ranks(None, [], "engine_check_zero1", world_size=4, timeout=300,
+    res = spawn("engine_check_zero1", 4, timeout=300,
                        sources=sources)
     assert [r["rank"] for r in res] == [0, 1, 2, 3]
     for r in res:
@@ -78,14 +78,14 @@ def test_zero1_solution_passes_on_4_ranks_and_a_mistake_fails():
         assert r["held_bytes"] <= 1.6 * r["adam_state_bytes"] / 4 + 256
     # the same cell without the de-duplication keeps a tied weight twice: too many bytes
     twice = sources[1].replace("id(prm) not in seen", "True")
-    res = run_on_ranks(None, [], "engine_check_zero1", world_size=2, timeout=300,
+    res = spawn("engine_check_zero1", 2, timeout=300,
                        sources=[sources[0], twice])
     assert res[0]["held_bytes"] > 1.6 * res[0]["adam_state_bytes"] / 2 + 256
 
 
 @pytest.mark.timeout(400)
 def test_fsdp_solution_passes_on_4_ranks():
-    res = run_on_ranks(None, [], "engine_check_fsdp", world_size=4, timeout=300,
+    res = spawn("engine_check_fsdp", 4, timeout=300,
                        sources=[_cell("ex2-solution")])
     want = sharding.fsdp_sent_bytes(res[0]["layer_numels"], 4)
     for r in res:
@@ -104,6 +104,6 @@ def test_a_rank_that_fails_is_reported_at_once_and_nothing_is_left(monkeypatch, 
     # files' checks run worlds of their own at the same time on other workers)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(CourseError, match=r"rank 1 of the 2-rank check failed.*rank one broke"):
-        run_on_ranks(None, [], "engine_check_bounds", world_size=2, timeout=150,
+        spawn("engine_check_bounds", 2, timeout=150,
                      sources=[broken])
     assert not list(pids_running(str(tmp_path)))

@@ -11,8 +11,6 @@ from .collective_calls import engine_check_collectives
 from .common import learner_line
 from .data_parallel import dp_step_problem, engine_check_dp_step
 from .feedback import feedback
-from .more_ranks import on_more_ranks
-from .own_world import run_on_ranks
 from .performance import (
     alpha_beta_problem,
     engine_check_overlap_dp,
@@ -21,6 +19,7 @@ from .performance import (
 )
 from .ring_allreduce import engine_check_all_reduce, engine_check_point_to_point_only, ring_problem
 from .sharding import engine_check_bounds, engine_check_fsdp, engine_check_zero1
+from .spawn import RankFailed, spawn
 from .tf_graph import engine_check_train_graph, engine_tf_one_step, engine_tf_servers
 from .training import (
     engine_check_checkpoint,
@@ -38,5 +37,5 @@ __all__ = ["alpha_beta_problem", "check_tf_capstone", "dp_step_problem",
            "engine_check_overlap_dp", "engine_check_point_to_point_only", "engine_check_resume",
            "engine_check_sampler", "engine_check_train_graph", "engine_check_watchdog",
            "engine_check_zero1", "engine_tf_one_step", "engine_tf_servers", "feedback",
-           "learner_line", "on_more_ranks", "overlap_dp_at", "overlap_dp_problem", "ring_problem",
-           "run_on_ranks", "save_as_if_on"]
+           "learner_line", "overlap_dp_at", "overlap_dp_problem", "RankFailed", "ring_problem",
+           "save_as_if_on", "spawn"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import side_ranks
 from .common import learner
 
 COUNTED = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
@@ -42,6 +41,15 @@ def engine_check_collectives(fn_name: str, *args: Any) -> dict[str, Any]:
     return {"result": result, "calls": calls}
 
 
+def engine_said_collectives(fn_name: str) -> dict[str, Any]:
+    """:func:`engine_check_collectives`, its error said rather than raised (for ranks of their
+    own, whose every result the check reads)."""
+    try:
+        return engine_check_collectives(fn_name)
+    except Exception as exc:
+        return {"side_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
 #: Two simulated hosts of two ranks each: local rank and rank differ on ranks 2 and 3.
 TWO_HOSTS = (2, 2)
 
@@ -61,31 +69,56 @@ def local_rank_problem(claimed: list[Any], ranks: list[dict[str, Any]], what: st
                     "host the two are equal, which is why 2 engines could not tell.")
 
 
+def engine_join_and_leave(timeout_s: float) -> dict[str, Any]:
+    """*Collective*, on a rank of :func:`join_on_two_hosts`'s world: the learner's
+    ``join_group`` watched (given the world's ``MASTER_ADDR`` and ``MASTER_PORT``), every
+    rank's ``dist.get_rank()`` over the group it built, then ``leave_group`` and whether a
+    group is left. Each step's error is said, not raised."""
+    import os
+
+    from ..cluster.engine import call_named
+    from ..torch_dist import join_watch as jw
+
+    master_addr, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+
+    steps = {"joined": lambda: jw.engine_join("join_group", master_addr, master_port,
+                                              timeout_s),
+             "seen": jw.engine_gather_ranks,
+             "left": lambda: call_named("leave_group", (), {}),
+             "alive": jw.engine_has_group}
+    out: dict[str, Any] = {"master": (master_addr, master_port)}
+    for key, step in steps.items():
+        try:
+            out[key] = step()
+        except Exception as exc:
+            out[key] = {"side_error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return out
+
+
 def join_on_two_hosts(cluster: Any = None, timeout_s: float = 5.0) -> str | None:
     """Kernel side. The learner's ``join_group``/``leave_group`` on 4 ranks of their own
-    (:data:`TWO_HOSTS`, through :func:`~course_utils.checks.side_ranks.side_ranks`): the
-    claims, the group in use, and no group after ``leave_group``. The first problem, or
-    ``None``. Introduced in ``00_cluster_tour``'s Exercise 1 test."""
+    (:data:`TWO_HOSTS`, through :func:`~course_utils.checks.spawn.spawn`, no group made for
+    them): the claims, the group in use, and no group after ``leave_group``. The first
+    problem, or ``None``. Introduced in ``00_cluster_tour``'s Exercise 1 test."""
     from ..torch_dist.join_watch import explain_join
     from .feedback import feedback
+    from .spawn import RankFailed, simulated_rank_map, spawn
 
-    jw = "course_utils.torch_dist.join_watch"
-    world = {"hosts": TWO_HOSTS, "group": False, "calls": [
-        (jw, "engine_join", ["join_group", "$master_addr", "$master_port", timeout_s]),
-        (jw, "engine_gather_ranks", []),
-        ("course_utils.cluster.engine", "call_named", ["leave_group", (), {}]),
-        (jw, "engine_has_group", [])]}
-    done = side_ranks.side_ranks(["join_group", "leave_group"], [world], cluster=cluster)[0]
-    if "crash" in done:
-        return feedback("join_group on 4 ranks of their own", "no crash", done["crash"],
+    try:
+        done = spawn(f"{__name__}:engine_join_and_leave", 4, cells=["join_group", "leave_group"],
+                     cluster=cluster, hosts=TWO_HOSTS, group=False, timeout=90,
+                     timeout_s=timeout_s)
+    except RankFailed as exc:
+        return feedback("join_group on 4 ranks of their own", "no crash", exc.said,
                         "read the error above")
-    joined, seen, _left, alive = done["results"]
+    ranks = simulated_rank_map(TWO_HOSTS)
+    joined = [d["joined"] for d in done]
     claimed = [o["claims"][-1]["rank"] if o.get("claims") else None for o in joined]
-    problem = local_rank_problem(claimed, done["ranks"], "the rank each join_group claimed") \
-        or explain_join(joined, done["master_addr"], done["master_port"], timeout_s=timeout_s)
+    problem = local_rank_problem(claimed, ranks, "the rank each join_group claimed") \
+        or explain_join(joined, *done[0]["master"], timeout_s=timeout_s)
     if problem:
         return problem
-    p = len(done["ranks"])
+    p, seen, alive = len(ranks), [d["seen"] for d in done], [d["alive"] for d in done]
     if seen != [list(range(p))] * p:
         return feedback(f"an all_gather of dist.get_rank() on {p} ranks of their own",
                         f"{list(range(p))} on every rank", f"{seen}",
@@ -101,13 +134,15 @@ def sum_on_two_hosts(fn_name: str = "sum_of_squares", cluster: Any = None) -> st
     (:data:`TWO_HOSTS`): one ``all_reduce`` and the sum of ``(rank + 1)**2`` on every rank.
     The first problem, or ``None``. Used by ``00_cluster_tour``'s Exercise 2 test."""
     from .feedback import feedback
+    from .spawn import RankFailed, simulated_rank_map, spawn
 
-    world = {"hosts": TWO_HOSTS, "calls": [(__name__, "engine_check_collectives", [fn_name])]}
-    done = side_ranks.side_ranks([fn_name], [world], cluster=cluster)[0]
-    if "crash" in done:
-        return feedback(f"{fn_name}() on 4 ranks of their own", "no crash", done["crash"],
+    ranks = simulated_rank_map(TWO_HOSTS)
+    try:
+        runs = spawn(f"{__name__}:engine_said_collectives", 4, cells=[fn_name],
+                     cluster=cluster, hosts=TWO_HOSTS, timeout=90, fn_name=fn_name)
+    except RankFailed as exc:
+        return feedback(f"{fn_name}() on 4 ranks of their own", "no crash", exc.said,
                         "read the error above")
-    runs, ranks = done["results"][0], done["ranks"]
     failed = [r["side_error"] for r in runs if "side_error" in r]
     if failed:
         return feedback(f"{fn_name}() on {len(ranks)} ranks of their own", "no error", failed[0],

@@ -278,19 +278,16 @@ def overlap_dp_at(ranks: int = 3, source: str | None = None, cluster: Any = None
                   name: str = "OverlapDP", steps: int = 2, timeout: float = 180.0
                   ) -> list[dict[str, Any]]:
     """Exercise 2's check (:func:`engine_check_overlap_dp`, timings left out) on ``ranks``
-    processes of its own on this machine (:func:`.own_world.run_on_ranks`: a plain gloo group,
-    debug off, forked from one process that imported torch), each running the learner's cell
-    (``source``; default: copied from the cluster's rank 0) with ``rank`` and ``world_size``
-    set as the engines have them. Kernel side; every process is stopped before it returns.
-    Introduced in ``07_performance`` (the answer depends on the number of ranks, so it is
-    graded at more than two)."""
-    from ..cluster import current
-    from .own_world import run_on_ranks
+    processes of its own (:func:`.spawn.spawn`: a plain gloo group, debug off), each running
+    the learner's cell (``source``; default: copied from the cluster's rank 0) with ``rank``
+    and ``world_size`` set as the engines have them. Kernel side; every process is stopped
+    before it returns. Introduced in ``07_performance`` (the answer depends on the number of
+    ranks, so it is graded at more than two)."""
+    from .spawn import spawn
 
-    return run_on_ranks((cluster or current()) if source is None else None, [name],
-                        f"{__name__}:own_world_overlap_dp", world_size=ranks, timeout=timeout,
-                        sources=None if source is None else [source],
-                        extra_env={"TORCH_DISTRIBUTED_DEBUG": "OFF"}, name=name, steps=steps)
+    return spawn(f"{__name__}:own_world_overlap_dp", ranks, cells=[name], cluster=cluster,
+                 sources=None if source is None else [source], timeout=timeout,
+                 extra_env={"TORCH_DISTRIBUTED_DEBUG": "OFF"}, name=name, steps=steps)
 
 
 # ---- kernel side: what the graded tests assert ----------------------------------------------

@@ -303,26 +303,28 @@ def ring_on_more_ranks(fn_name: str = "ring_all_reduce", ranks: tuple[int, ...] 
                        cluster: Any = None, timeout: float = 90.0) -> str | None:
     """Kernel side. Run the learner's ``%%px`` ring on ranks of its own, ``ranks`` of them in
     turn (default 4 on two simulated hosts of 2, then 3), for every size in ``sizes`` (and the
-    byte checks for ``bytes_sizes``), through :func:`~course_utils.checks.side_ranks.side_ranks`.
+    byte checks for ``bytes_sizes``), through :func:`~course_utils.checks.spawn.spawn`.
     Returns the first problem (with :data:`MORE_RANKS_NOTE` and :func:`ring_route_hint`), or
-    ``None``. The course's cluster
-    and process group are not used for the messages. Introduced in ``01_collectives``."""
-    from .side_ranks import side_ranks
+    ``None``. The course's cluster and process group are not used for the messages.
+    Introduced in ``01_collectives``."""
+    from .spawn import RankFailed, spawn
 
     probe = "engine_check_point_to_point_only" if point_to_point_only else \
         "engine_check_all_reduce"
-    mod = __name__
-    worlds = []
+    calls = [(probe, [fn_name, n, 20 + k] + ([] if point_to_point_only else [dtype]))
+             for k, n in enumerate(sizes)]
+    calls += [("engine_check_all_reduce", [fn_name, n]) for n in bytes_sizes]
     for p in ranks:
-        calls = [(mod, probe, [fn_name, n, 20 + k] + ([] if point_to_point_only else [dtype]))
-                 for k, n in enumerate(sizes)]
-        calls += [(mod, "engine_check_all_reduce", [fn_name, n]) for n in bytes_sizes]
-        worlds.append({"hosts": (p // 2, p - p // 2) if p >= 4 else (p,), "calls": calls})
-    done = side_ranks([fn_name], worlds, cluster=cluster, timeout=timeout)
-    if "crash" in done[0]:
-        return ring_crash_problem(fn_name, done[0])
-    for world in done:
-        for k, res in enumerate(world["results"]):
+        try:
+            done = spawn(f"{__name__}:engine_ring_calls", p, cells=[fn_name], cluster=cluster,
+                         hosts=(p // 2, p - p // 2) if p >= 4 else (p,), timeout=timeout,
+                         collective_timeout=20, calls=calls)
+        except RankFailed as exc:
+            return ring_crash_problem(fn_name, exc.rank, exc.said) if exc.signal_name else \
+                feedback_side(fn_name, p, [exc.said])
+        for k in range(len(calls)):
+            res = [per_rank[k] if k < len(per_rank) else {"side_error": "stopped: a peer "
+                   "failed an earlier size"} for per_rank in done]
             failed = [r["side_error"] for r in res if isinstance(r, dict) and "side_error" in r]
             if failed:
                 return feedback_side(fn_name, len(res), failed)
@@ -333,13 +335,27 @@ def ring_on_more_ranks(fn_name: str = "ring_all_reduce", ranks: tuple[int, ...] 
     return None
 
 
-def ring_crash_problem(fn_name: str, crash: dict[str, Any]) -> str:
-    """The message for a side rank that gloo aborted (pure)."""
+def engine_ring_calls(calls: list[tuple[str, list[Any]]]) -> list[Any]:
+    """*Collective*, on a rank of :func:`ring_on_more_ranks`'s world: each probe of this module
+    in turn; a probe's error is said (``{"side_error": ...}``), not raised, and ends the run
+    (the group is not fit for the next size: each would wait out its timeout)."""
+    out: list[Any] = []
+    for name, args in calls:
+        try:
+            out.append(globals()[name](*args))
+        except Exception as exc:
+            out.append({"side_error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            break
+    return out
+
+
+def ring_crash_problem(fn_name: str, rank: int, said: str) -> str:
+    """The message for a rank of the check's own that gloo aborted (pure)."""
     from .feedback import feedback
 
     return feedback(
         f"{fn_name} on the check's own ranks", "every chunk received into a buffer of its size",
-        f"gloo aborted side rank {crash['rank']}: {crash['crash']}",
+        f"gloo aborted rank {rank}: {said}",
         "a rank received a different chunk than its neighbour sent at that step: sender and "
         "receiver must agree at every step." + MORE_RANKS_NOTE + " Send to the right, (rank + "
         "1) % world_size, and receive from the left; use rank, not local_rank; the chunk must "

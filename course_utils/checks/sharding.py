@@ -2,9 +2,9 @@
 ZeRO-1 optimizer (``ShardedAdam``) and hand-made FSDP (``HandFSDP``) against DDP + Adam on the
 same data, with the collectives spied on (calls, bytes, how long gathered weights live).
 
-The same probes run on a second, short-lived world of its own gloo processes
-(:func:`run_on_ranks`, e.g. 4 ranks while the notebook's cluster has 2): the learner's cells are
-copied there from this kernel's input history.
+The same probes run on a world of its own gloo processes
+(:func:`~course_utils.checks.spawn.spawn`, e.g. 4 ranks while the notebook's cluster has 2),
+which first run the learner's cells, read back on rank 0's engine.
 """
 
 from __future__ import annotations

@@ -233,7 +233,7 @@ def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str
 def own_server_socket() -> str | None:
     """The socket of a running fork server this process started (any cluster's), or None: a
     helper that needs a short-lived torch process of its own asks it to fork one
-    (:func:`course_utils.checks.own_world.run_on_ranks`, ``10_sharding_and_memory``)."""
+    (:func:`course_utils.checks.spawn.spawn` with ``sources``, as the tests do)."""
     with _LOCK:
         alive = [k for k, (p, _, _) in _SERVERS.items() if p.poll() is None]
     for key in alive:

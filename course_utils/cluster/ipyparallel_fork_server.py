@@ -8,8 +8,8 @@ in it, as process scans of engines expect).
 
 A forked engine asks the same server (:func:`.fork_protocol.fork_call`) for the helper
 processes it would otherwise start as a fresh ``python``: ipyparallel's nanny (which relays
-signals to it) and the spare process of :mod:`course_utils.checks.side_ranks`, which would
-import torch again.
+signals to it) and the launcher of a graded check's own ranks
+(:func:`course_utils.checks.spawn.spawn`), which would import torch again.
 
 It exits when the process that started it is gone, on SIGTERM, and after :data:`IDLE_S` s
 without a child. Standard library and the engine's own modules only.

@@ -1,23 +1,83 @@
-"""The learner's ``%%px`` functions on an engine: look one up by name, snapshot it with what it
-uses, and rebuild it on another cluster's engines (the ring replay records the learner's ring on 4
-ranks that way). Engine side, not collective; standard library only.
+"""*Engine side.* The learner's ``%%px`` functions on an engine: look one up by name, and read
+back the cells that defined some of them, with what those cells use, so that
+:func:`course_utils.checks.spawn.spawn` can run them on ranks of their own. Not collective;
+standard library only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 
 def px_function(name: str) -> Callable[..., Any]:
-    """The function ``name`` that a ``%%px`` cell defined on this engine (engine side; what
-    the recorders of ``01_collectives`` call the learner's ring through)."""
+    """The function ``name`` that a ``%%px`` cell defined on this engine (what the recorders
+    of ``01_collectives`` call the learner's ring through)."""
     import __main__
 
     fn = vars(__main__).get(name)
     if not callable(fn):
         raise NameError(f"{name!r} is not defined on this engine: run the %%px cell first")
     return fn
+
+
+#: Names every rank gets from the course itself (never carried from an engine).
+RANK_NAMES = frozenset({"rank", "world_size", "local_rank", "host", "device"})
+
+#: Plain values a cell may use from an earlier cell (a constant such as ``LR``).
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def engine_cells(names: Iterable[str]) -> dict[str, Any]:
+    """The ``%%px`` cells that defined each of ``names`` (a function or a class), each once,
+    read back from the file name IPython compiled it under, and what they use from earlier
+    cells: ``{"sources": [cell, ...], "imports": {alias: "module" or "module:attr"},
+    "values": {name: plain value}}``; a cell found through another one comes before it.
+    Introduced for the checks of ``00_cluster_tour``."""
+    import types
+
+    import __main__
+
+    ns = vars(__main__)
+    named = list(names)
+    cells: list[str] = []   # the named ones in order, then those found through them
+    used: set[str] = set()
+    todo = list(named)
+    while todo:  # the named cells, and the cells of the %%px functions and classes they use
+        body = _cell_of(ns, todo.pop(0))
+        if body in cells:
+            continue
+        cells.append(body)
+        found = _global_names(compile(body, "<cell>", "exec")) - RANK_NAMES - used
+        used |= found
+        todo += [g for g in sorted(found) if getattr(ns.get(g), "__module__", "") == "__main__"
+                 and isinstance(ns[g], type | types.FunctionType)]
+    first = len({_cell_of(ns, n) for n in named})
+    sources = cells[first:][::-1] + cells[:first]
+    imports, values = {}, {}
+    for g in sorted(used & ns.keys()):
+        where = _import_of(ns[g])
+        if where:
+            imports[g] = where
+        elif isinstance(ns[g], _PLAIN) or (isinstance(ns[g], tuple)
+                                            and all(isinstance(v, _PLAIN) for v in ns[g])):
+            values[g] = ns[g]
+    return {"sources": sources, "imports": imports, "values": values}
+
+
+def _cell_of(ns: dict[str, Any], name: str) -> str:
+    import linecache
+
+    obj = ns.get(name)
+    funcs = [obj] if hasattr(obj, "__code__") else [
+        getattr(f, "__func__", f) for f in vars(obj).values()] if obj is not None else []
+    code = next((f.__code__ for f in funcs if hasattr(f, "__code__")), None)
+    if code is None:
+        raise NameError(f"{name!r} is not defined on this engine: run its cell first")
+    body = "".join(linecache.getlines(code.co_filename))
+    if not body:
+        raise NameError(f"the cell that defined {name!r} cannot be read back: run it again")
+    return body
 
 
 def _global_names(code: Any) -> set[str]:
@@ -28,74 +88,18 @@ def _global_names(code: Any) -> set[str]:
     return names
 
 
-#: Names every engine gets from the course itself (never copied between clusters).
-_ENGINE_NAMES = {"rank", "world_size", "local_rank", "host", "device"}
-
-
-def engine_snapshot_of(name: str) -> bytes:
-    """The ``%%px`` function ``name`` as a portable snapshot: its source, the sources of the
-    ``%%px`` functions it calls, the modules and imported functions it uses, and its other
-    globals (pickled). Bytes, so the kernel forwards it without unpickling (no torch there).
-    Not collective. :func:`engine_restore` rebuilds it on another cluster's engines."""
+def _import_of(value: Any) -> str:
+    """``"module"`` for a module, ``"module:attr"`` for a name imported from one, else ``""``."""
     import importlib
-    import inspect
-    import pickle
-    import textwrap
     import types
 
-    import __main__
-
-    ns = vars(__main__)
-    if not callable(ns.get(name)):
-        raise NameError(f"{name!r} is not defined on this engine: run the %%px cell first")
-    sources: dict[str, str] = {}
-    modules: dict[str, str] = {}
-    froms: dict[str, tuple[str, str]] = {}
-    values: dict[str, bytes] = {}
-    todo = [name]
-    while todo:
-        fname = todo.pop()
-        if fname in sources:
-            continue
-        fn = ns[fname]
-        sources[fname] = textwrap.dedent(inspect.getsource(fn))
-        for g in sorted(_global_names(fn.__code__)):
-            if g in _ENGINE_NAMES or g in sources or g not in ns:
-                continue
-            v = ns[g]
-            mod = getattr(v, "__module__", None)
-            if isinstance(v, types.ModuleType):
-                modules[g] = v.__name__
-            elif isinstance(v, types.FunctionType) and mod == "__main__":
-                todo.append(g)
-            elif callable(v) and mod and mod != "__main__" and \
-                    getattr(importlib.import_module(mod), getattr(v, "__name__", ""), None) is v:
-                froms[g] = (mod, v.__name__)
-            else:
-                try:
-                    values[g] = pickle.dumps(v)
-                except Exception:  # an unpicklable global: the function will say it is missing
-                    pass
-    return pickle.dumps({"name": name, "sources": list(reversed(sources.values())),
-                         "modules": modules, "froms": froms, "values": values})
-
-
-def engine_restore(snapshot: bytes) -> str:
-    """Rebuild a function from :func:`engine_snapshot_of` in this engine's ``%%px``
-    namespace; returns its name. Not collective."""
-    import importlib
-    import pickle
-
-    import __main__
-
-    ns = vars(__main__)
-    snap = pickle.loads(snapshot)
-    for alias, mod in snap["modules"].items():
-        ns[alias] = importlib.import_module(mod)
-    for alias, (mod, attr) in snap["froms"].items():
-        ns[alias] = getattr(importlib.import_module(mod), attr)
-    for g, blob in snap["values"].items():
-        ns[g] = pickle.loads(blob)
-    for src in snap["sources"]:
-        exec(compile(src, f"<course snapshot of {snap['name']}>", "exec"), ns)
-    return snap["name"]
+    if isinstance(value, types.ModuleType):
+        return value.__name__
+    mod, attr = getattr(value, "__module__", None), getattr(value, "__name__", "")
+    if not mod or mod == "__main__" or not attr:
+        return ""
+    try:
+        return f"{mod}:{attr}" if getattr(importlib.import_module(mod), attr, None) is value \
+            else ""
+    except Exception:   # a module that cannot be imported by name: not carried
+        return ""

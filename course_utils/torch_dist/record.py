@@ -306,34 +306,25 @@ def engine_record_ring_frames(fn_name: str = "ring_all_reduce", n: int | None = 
                                for m in sent]}
 
 
-#: What the notebook's earlier cells define before the ring cell runs.
-_PREAMBLE = "import torch\nimport torch.distributed as dist\n"
-
-
 def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int | None = None,
                        source: str | None = None, cluster: CourseCluster | None = None,
                        timeout: float = 120.0) -> list[dict[str, Any]]:
     """Run the learner's ring all-reduce on ``ranks`` ranks and record it for the ring replay.
 
-    If the current cluster already has ``ranks`` engines, it records there. Otherwise it copies
-    the ``%%px`` function ``fn_name`` from the current cluster's rank 0 (with what it uses) to
-    ``ranks`` processes of their own that rank 0's engine forks
-    (:func:`course_utils.checks.side_ranks.side_ranks`, what the graded tests use; seconds),
-    records there, and stops them. With ``source`` (a cell's code) and no cluster to copy from,
-    it starts a separate ``ranks``-engine cluster for the recording only (20-40 s on a busy
-    2-core machine) and stops it. The notebook's own cluster and process group are left as
-    they were. Returns one record per rank for
-    :func:`course_utils.viz.ring.replay_frames`.
+    If the cluster (default: the current one) has ``ranks`` engines, it records there.
+    Otherwise the ``%%px`` cell that defines ``fn_name`` (or ``source``, a cell's code, when
+    there is no cluster to copy from) runs on ``ranks`` processes of their own
+    (:func:`course_utils.checks.spawn.spawn`, what the graded tests use; seconds), which
+    record and exit. The notebook's own cluster and process group are left as they were.
+    Returns one record per rank for :func:`course_utils.viz.ring.replay_frames`.
     """
-    from ..cluster import launch
-    from ..settings import cluster_id as default_cluster_id
-    from .process_group import start
+    from ..checks.spawn import RankFailed, spawn
 
     try:
         cc = cluster or current()
     except Exception:
         cc = None
-    if cc is not None and cc.world_size == ranks:
+    if cc is not None and cc.world_size == ranks and source is None:
         return cc.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
     if source is None:
         if cc is None:
@@ -341,32 +332,11 @@ def record_ring_replay(fn_name: str = "ring_all_reduce", ranks: int = 4, n: int 
         # A quick run on the notebook's own ranks first (under the watchdog): an unwritten or
         # stuck ring says so in a second, before other ranks are started for it.
         cc.run(engine_record_ring_frames, fn_name, n, timeout=60)
-        return _record_on_side_ranks(cc, fn_name, ranks, n, timeout)
-    cid = f"{(cc.cluster_id if cc else default_cluster_id())}-ring{ranks}"
-    side = launch(ranks, profile="local", timeout=timeout, cluster_id=cid)
     try:
-        start(side, backend="gloo")
-        side.view.execute(_PREAMBLE, block=False).get(timeout=timeout)
-        side.view.execute(source, block=False).get(timeout=timeout)
-        return side.run(engine_record_ring_frames, fn_name, n, timeout=timeout)
-    finally:
-        side.stop(kill=True)  # nothing on it is worth a polite stop (SIGTERM waits 2 s)
-
-
-def _record_on_side_ranks(cc: CourseCluster, fn_name: str, ranks: int, n: int | None,
-                          timeout: float) -> list[dict[str, Any]]:
-    """:func:`engine_record_ring_frames` on ``ranks`` side ranks forked by ``cc``'s rank 0."""
-    from ..checks.side_ranks import side_ranks
-
-    world = {"hosts": (ranks,), "calls": [(__name__, "engine_record_ring_frames", [fn_name, n])]}
-    done = side_ranks([fn_name], [world], cluster=cc, timeout=timeout)[0]
-    if "crash" in done:
-        raise RuntimeError(f"{fn_name} on {ranks} ranks of their own: gloo aborted side rank "
-                           f"{done['rank']}: {done['crash']}. Run the tests of Exercise 1: "
-                           "they say what to fix.")
-    recs = done["results"][0]
-    failed = [r["side_error"] for r in recs if isinstance(r, dict) and "side_error" in r]
-    if failed:
-        raise RuntimeError(f"{fn_name} on {ranks} ranks of their own: {failed[0]}. Run the "
-                           "tests of Exercise 1: they say what to fix.")
-    return recs
+        return spawn(f"{__name__}:engine_record_ring_frames", ranks, cells=[fn_name],
+                     cluster=cc, sources=None if source is None else [source],
+                     timeout=timeout, fn_name=fn_name, n=n)
+    except RankFailed as exc:
+        raise RuntimeError(f"{fn_name} on {ranks} ranks of their own: rank {exc.rank}: "
+                           f"{exc.said}. Run the tests of Exercise 1: they say what to "
+                           "fix.") from None

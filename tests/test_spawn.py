@@ -1,0 +1,115 @@
+"""The one runner of graded checks on ranks of their own (``course_utils/checks/spawn.py``):
+the rank map it gives, the learner's cells it carries from rank 0 of a real cluster (with what
+they use from other cells), and how a rank that fails, is killed or hangs is reported."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import course_utils as cu
+from course_utils.checks.spawn import RankFailed, simulated_rank_map, spawn
+from course_utils.errors import CourseError
+
+CID = f"pytest-spawn-{os.getpid()}"
+
+#: What a probe sees on each rank (the names a %%px cell sees on an engine).
+SEEN = """
+import os
+import torch.distributed as dist
+
+def seen():
+    return {"rank": rank, "world_size": world_size, "local_rank": local_rank, "host": host,
+            "group": dist.is_initialized(), "env": os.environ["LOCAL_RANK"],
+            "port": os.environ["MASTER_PORT"], "keys": {0: "int keys survive"}}
+"""
+
+
+def test_simulated_rank_map_numbers_local_ranks_per_host():
+    ranks = simulated_rank_map((2, 2))
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    assert [r["local_rank"] for r in ranks] == [0, 1, 0, 1]
+    assert len({r["host"] for r in ranks}) == 2
+    assert [r["local_rank"] for r in simulated_rank_map((3,))] == [0, 1, 2]
+
+
+def test_hosts_that_do_not_hold_nprocs_ranks_are_refused():
+    with pytest.raises(ValueError, match="hold 3 ranks, not nprocs=4"):
+        spawn("os:getpid", 4, sources=[], hosts=(2, 1))
+
+
+def test_each_rank_has_its_entry_of_the_rank_map_and_no_group_when_asked():
+    got = spawn("__main__:seen", 4, sources=[SEEN], hosts=(2, 2), group=False, timeout=90)
+    assert [g["rank"] for g in got] == [0, 1, 2, 3]
+    assert [g["local_rank"] for g in got] == [0, 1, 0, 1]
+    assert [g["env"] for g in got] == ["0", "1", "0", "1"]
+    assert not any(g["group"] for g in got) and len({g["port"] for g in got}) == 1
+    assert got[0]["keys"] == {0: "int keys survive"}  # results come back as Python objects
+    assert all(g["group"] for g in spawn("__main__:seen", 2, sources=[SEEN], timeout=90))
+
+
+def test_a_rank_that_raises_is_reported_at_once_with_its_message():
+    broken = "if rank == 1:\n    raise RuntimeError('rank one broke')\ndist.barrier()\n"
+    with pytest.raises(RankFailed, match=r"rank 1 of the 2-rank check failed.*rank one broke"):
+        spawn("os:getpid", 2, sources=[broken], timeout=60)
+
+
+def test_a_rank_ended_by_a_signal_names_the_signal():
+    killed = "import os, signal\nif rank == 2:\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+    with pytest.raises(RankFailed) as caught:
+        spawn("os:getpid", 3, sources=[killed], timeout=60)
+    assert caught.value.rank == 2 and caught.value.signal_name == "SIGKILL"
+
+
+def test_a_collective_only_some_ranks_reach_ends_at_the_deadline():
+    # rank 1 stays alive without joining the barrier (a rank that left would reset it at once)
+    stuck = "import time\nif rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(60)\n"
+    with pytest.raises(CourseError, match="did not finish in 8 s"):
+        spawn("os:getpid", 2, sources=[stuck], timeout=8, collective_timeout=60)
+
+
+HELPER_CELL = """
+SCALE = 3
+
+def scaled(x):
+    return SCALE * x
+"""
+
+LEARNER_CELL = """
+import torch
+
+
+def total():
+    t = torch.tensor([float(scaled(rank + 1))])
+    dist.all_reduce(t)
+    return float(t.item()) + chunk_bounds(4, 2)[0][1]
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    cc = cu.start(n=2, cluster_id=CID)
+    cu.start_torch(cc)
+    cc.view.execute("from course_utils.torch_dist.p2p import chunk_bounds", block=True)
+    cc.view.execute(HELPER_CELL, block=True)
+    cc.view.execute(LEARNER_CELL, block=True)
+    yield cc
+    cc.stop(force=True, kill=True)
+
+
+@pytest.mark.timeout(300)
+def test_the_learners_cell_runs_on_more_ranks_with_what_it_uses_from_other_cells(cluster):
+    from course_utils.checks.collective_calls import engine_check_collectives  # noqa: F401
+
+    # total() uses scaled() and SCALE (another cell) and chunk_bounds (imported in a third)
+    got = spawn("engine_check_collectives", 3, cells=["total"], cluster=cluster, timeout=120,
+                fn_name="total")
+    want = 3.0 * (1 + 2 + 3) + 2
+    assert [g["result"] for g in got] == [want] * 3
+    assert all(g["calls"] == {"all_reduce": 1} for g in got)
+
+
+def test_a_name_no_cell_defined_says_which_cell_to_run(cluster):
+    with pytest.raises(Exception, match="'nowhere' is not defined on this engine"):
+        spawn("os:getpid", 2, cells=["nowhere"], cluster=cluster, timeout=60)
