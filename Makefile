@@ -20,14 +20,9 @@ unexport PYTHONDONTWRITEBYTECODE
 lab: install
 	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
 
-# `make test` shares the suite between three pytest-xdist workers (one process: TEST_WORKERS=0).
-# Two left ~16% of both cores idle (tests that wait on timeouts, the hub, links); three fill
-# them (92-96% busy; clean runs: 1238 s of pytest with two; 897-1070 s with three, then 821,
-# 841 and 828 s once units 4-5 preloaded TensorFlow and a fork server served its cluster
-# across tests).
-# Four measured 891 s: 97% busy, but every process took 8-10% more CPU. Since the mistakes
-# catalogue runs inside nbval's kernels, three no longer crowd its timed checks (unit 7 ex2's
-# planted mistake failed in 3.9-5.6 s of its 30 s).
+# `make test` shares the suite between three pytest-xdist workers (one process: TEST_WORKERS=0):
+# many tests wait (on timeouts, the hub, links), so two workers leave both cores partly idle,
+# and four make every process slower than the cores they gain. docs/testing.md has the figures.
 # pyproject.toml's --dist loadfile keeps each file, and each notebook's cells, on one worker;
 # a test that hangs fails after pytest-timeout's limit there, naming itself.
 TEST_WORKERS ?= 3

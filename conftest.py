@@ -1,5 +1,5 @@
 """Shared test set-up: isolate the test clusters from a learner's running ``course lab`` and
-give each ``pytest-xdist`` worker its own cluster (``make test`` runs two workers; pyproject's
+give each ``pytest-xdist`` worker its own cluster (``make test`` runs three workers; pyproject's
 ``--dist loadfile`` keeps a file's tests, and a notebook's cells, on one worker)."""
 
 from __future__ import annotations

@@ -535,7 +535,7 @@ def test_a_tiny_course_end_to_end_with_a_written_answer(tmp_path):
 
 
 def test_a_cluster_that_does_not_start_is_tried_once_more_on_a_fresh_id(monkeypatch, capsys):
-    """One failed start (seen once in a loaded full run: both engines lost the controller's
+    """One failed start (on a loaded machine both engines can lose the controller's
     heartbeat) does not end a class's grading: the grader says so and starts a fresh cluster;
     a second failure is the error."""
     from course_utils.cluster import lifecycle

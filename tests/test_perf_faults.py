@@ -72,10 +72,10 @@ def test_sweep_compare_draws_every_series():
 
 
 def test_learner_lookup_names_the_missing_cell():
-    from course_utils.checks.common import learner
+    from course_utils.cluster.engine import px_name
 
-    with pytest.raises(NameError, match="run the cells above"):
-        learner("surely_not_defined_here")
+    with pytest.raises(NameError, match="run the %%px cell that defines it"):
+        px_name("surely_not_defined_here")
 
 
 def test_shorten_fingerprint_drops_tensor_options():

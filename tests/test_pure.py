@@ -102,7 +102,7 @@ def test_free_ports_skip_a_port_someone_listens_on(monkeypatch):
         taken.listen()
         busy = taken.getsockname()[1]
         # the listening port twice, then the real generator: the port next to it may be taken
-        # by another test's server while the suite runs (seen once in a full run)
+        # by another test's server while the suite runs
         picks, real = iter([busy, busy]), ports._RNG.randrange
         monkeypatch.setattr(ports._RNG, "randrange", lambda a, b: next(picks, 0) or real(a, b))
         got = ports.free_ports(1)

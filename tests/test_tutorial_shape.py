@@ -8,8 +8,8 @@ on a port of its own, and ``MASTER_PORT`` names a second, free one, so rank 0 ca
 (before, it failed with ``EADDRINUSE`` and rank 1 waited for torch's 30-minute default).
 
 The same cell run a second time right after the first builds its group on the same
-``MASTER_PORT`` while a rank may still be leaving the old one; that hung once here (120 s, rank
-0 waiting). ``cu.start_torch()`` before it exports a fresh port: that is what the course says
+``MASTER_PORT`` while a rank may still be leaving the old one, and can hang (rank 0 waiting).
+``cu.start_torch()`` before it exports a fresh port: that is what the course says
 to do, and what is tested.
 """
 

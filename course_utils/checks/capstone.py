@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .common import learner
+from ..cluster.engine import px_name
 
 #: The capstone's accuracy bar on held-out data, per dataset.
 TARGET = {"sklearn-digits": 0.85, "cifar10": 0.30}
@@ -26,7 +26,7 @@ def engine_check_capstone(model_name: str = "final_model", data_root: str = "dat
     from ..data import cifar10
     from ..torch_dist.train import evaluate, replica_spread
 
-    model = learner(model_name)
+    model = px_name(model_name)
     model = getattr(model, "module", model)
     test = cifar10(data_root, train=False, n=n_test, download=False)
     x = (torch.from_numpy(test.x) - 0.5) / 0.5
@@ -47,7 +47,7 @@ def engine_check_resume(fn_name: str = "resume_or_start", folder: str = "/tmp"
 
     from ..torch_dist.train import flat_params, original_cnn
 
-    fn = learner(fn_name)
+    fn = px_name(fn_name)
     rank = dist.get_rank()
     path = os.path.join(folder, "capstone-resume-check.pt")
     if rank == 0 and os.path.exists(path):
@@ -110,7 +110,7 @@ def small_data(per_rank: int, slow_s: float = 0.0) -> Iterator[Any]:
     import __main__
 
     ns = vars(__main__)
-    x, y = learner("train_set").tensors
+    x, y = px_name("train_set").tensors
     n = per_rank * dist.get_world_size()
 
     class Recording(Dataset):
@@ -166,7 +166,7 @@ def engine_check_capstone_loop(fn_name: str = "train_capstone", folder: str = "/
 
     from ..torch_dist.train import evaluate, flat_params
 
-    fn = learner(fn_name)
+    fn = px_name(fn_name)
     path = os.path.join(folder, "capstone-loop-check.pt")
     n, mine = per_rank * dist.get_world_size(), per_rank
     out: dict[str, Any] = {"rank": dist.get_rank()}
@@ -176,14 +176,14 @@ def engine_check_capstone_loop(fn_name: str = "train_capstone", folder: str = "/
         data.seen.clear()
         again = fn(2, path, 1e9)
         resumed_reads = list(data.seen)
-        resumed = flat_params(learner("final_model").module)
+        resumed = flat_params(px_name("final_model").module)
         _fresh_path(path)
         data.seen.clear()
         full = fn(2, path, 1e9)
         reads = list(data.seen)
-        model = learner("final_model").module
-        val = evaluate(model, learner("val_x").to(next(model.parameters()).device),
-                       learner("val_y").to(next(model.parameters()).device))["accuracy"]
+        model = px_name("final_model").module
+        val = evaluate(model, px_name("val_x").to(next(model.parameters()).device),
+                       px_name("val_y").to(next(model.parameters()).device))["accuracy"]
         _fresh_path(path)
     want = [sampler_order(n, e) for e in (0, 1)]
     out.update({
@@ -210,7 +210,7 @@ def engine_check_capstone_stop(fn_name: str = "train_capstone", folder: str = "/
     times out). Returns this rank's epochs, error and seconds; see :func:`check_capstone_stop`."""
     import torch.distributed as dist
 
-    fn = learner(fn_name)
+    fn = px_name(fn_name)
     rank = dist.get_rank()
     path = os.path.join(folder, "capstone-stop-check.pt")
     with small_data(per_rank):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .common import learner
+from ..cluster.engine import px_name
 
 COUNTED = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
            "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "send", "recv",
@@ -21,7 +21,7 @@ def engine_check_collectives(fn_name: str, *args: Any) -> dict[str, Any]:
     Returns ``{"result": ..., "calls": {"all_reduce": 1, ...}}`` (only names called)."""
     import torch.distributed as dist
 
-    fn = learner(fn_name)
+    fn = px_name(fn_name)
     calls: dict[str, int] = {}
     saved = {name: getattr(dist, name) for name in COUNTED if hasattr(dist, name)}
 

@@ -1,21 +1,7 @@
-"""What the engine-side probes of ``checks`` share: find the learner's ``%%px`` object, and
-name the learner's own line in an error."""
+"""What the engine-side probes of ``checks`` share: name the learner's own line in an error
+(they find the learner's ``%%px`` names with :func:`course_utils.cluster.engine.px_name`)."""
 
 from __future__ import annotations
-
-from typing import Any
-
-
-def learner(name: str) -> Any:
-    """The object the learner defined as ``name`` in this engine's ``%%px`` namespace.
-
-    Raises :class:`NameError` saying which cell to run when it is not there."""
-    import __main__
-
-    ns = vars(__main__)
-    if name not in ns:
-        raise NameError(f"{name!r} is not defined on this engine: run the cells above first")
-    return ns[name]
 
 
 def learner_line(exc: BaseException) -> str:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..cluster.engine import px_name
+
 #: The models :func:`engine_check_dp_step` can try the learner's step on.
 MODELS = ("mlp", "frozen_tied")
 
@@ -53,14 +55,10 @@ def engine_check_dp_step(fn_name: str = "data_parallel_step", lr: float = 0.5,
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    import __main__
-
     from ..data import digits
     from ..torch_dist.train import flat_params, full_batches, step_batches
 
-    fn = vars(__main__).get(fn_name)
-    if fn is None:
-        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    fn = px_name(fn_name, to_call=True)
     rank, p = dist.get_rank(), dist.get_world_size()
     ds = digits()
     x, y = torch.from_numpy(ds.x), torch.from_numpy(ds.y)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .common import learner
+from ..cluster.engine import px_name
 
 
 def frozen_tied_mlp(width: int = 256, depth: int = 4, seed: int = 0) -> Any:
@@ -66,7 +66,7 @@ def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
 
     from ..torch_dist.train import flat_params
 
-    cls = learner(cls_name)
+    cls = px_name(cls_name)
     rank = dist.get_rank()
     gen = torch.Generator().manual_seed(100 + rank)
     data = [(torch.randn(batch, width, generator=gen),

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..cluster.engine import px_name
 from .common import learner_line
 
 
@@ -38,9 +39,7 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
 
     from ..torch_dist.p2p import P2PStuck, p2p_watchdog
 
-    fn = vars(__main__).get(fn_name)
-    if fn is None:
-        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    fn = px_name(fn_name, to_call=True)
     rank, p = dist.get_rank(), dist.get_world_size()
     want = getattr(torch, dtype)
 
@@ -185,9 +184,7 @@ def engine_check_point_to_point_only(fn_name: str, n: int, seed: int = 0) -> dic
 
     import __main__
 
-    fn = vars(__main__).get(fn_name)
-    if fn is None:
-        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    fn = px_name(fn_name, to_call=True)
 
     saved = {name: getattr(dist, name) for name in _FORBIDDEN}
 

@@ -13,8 +13,9 @@ import math
 import time
 from typing import Any
 
+from ..cluster.engine import px_name
 from ..torch_dist import sharding
-from .common import learner, learner_line
+from .common import learner_line
 
 #: what a learner's error usually means here, by exception type
 HINTS = {"AttributeError": "a parameter with requires_grad=False has no .grad (None): keep only "
@@ -51,7 +52,7 @@ def engine_check_zero1(cls_name: str = "ShardedAdam", steps: int = 4,
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    cls = learner(cls_name)
+    cls = px_name(cls_name)
     data = sharding.batches(steps + 3, n_in=17, n_out=5, seed=1)
     out: dict[str, Any] = {"rank": dist.get_rank(), "p": dist.get_world_size()}
     ref = zero1_model()
@@ -113,7 +114,7 @@ def engine_check_fsdp(cls_name: str = "HandFSDP", steps: int = 3, lr: float = 1e
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    cls = learner(cls_name)
+    cls = px_name(cls_name)
     p, rank = dist.get_world_size(), dist.get_rank()
     data = sharding.batches(steps + 3, n_out=3, seed=2)
     ref = sharding.mlp(width, depth, n_out=3)
@@ -176,7 +177,7 @@ def _gathered_diff(ours: Any, ref: Any, numels: list[int], p: int) -> float | No
 def engine_check_bounds(fn_name: str = "shard_bounds") -> dict[str, Any]:
     """The learner's ``fn_name(numel, rank, world_size)`` on sizes that do and do not divide:
     contiguous, in rank order, covering ``[0, numel)`` exactly, at most ``ceil(numel/p)`` each."""
-    fn = learner(fn_name)
+    fn = px_name(fn_name)
     bad = []
     for numel, p in ((10, 4), (8, 4), (2, 4), (1797, 2), (0, 3), (7, 1)):
         got = [tuple(fn(numel, r, p)) for r in range(p)]

@@ -44,11 +44,23 @@ class RankFailed(CourseError):
     (``signal_name``: gloo aborts a process on some mistakes, such as a message larger than
     the buffer posted to receive it)."""
 
-    def __init__(self, rank: int, nprocs: int, said: str, signal_name: str = "") -> None:
+    def __init__(self, cause: str, fix: str, *, rank: int, nprocs: int, said: str,
+                 signal_name: str = "") -> None:
         self.rank, self.nprocs, self.said, self.signal_name = rank, nprocs, said, signal_name
-        super().__init__(f"rank {rank} of the {nprocs}-rank check failed: {said}",
-                         "make your cell run on any world size (use world_size and rank, "
-                         "never 2 or 0 typed in), then run the test again")
+        super().__init__(cause, fix)
+
+    @classmethod
+    def of(cls, rank: int, nprocs: int, said: str, signal_name: str = "") -> RankFailed:
+        """The error for rank ``rank`` of ``nprocs``, which said ``said``."""
+        return cls(*rank_failed_message(rank, nprocs, said), rank=rank, nprocs=nprocs,
+                   said=said, signal_name=signal_name)
+
+
+def rank_failed_message(rank: int, nprocs: int, said: str) -> tuple[str, str]:
+    """What :class:`RankFailed` says: the rank, its error, and the fix (pure)."""
+    return (f"rank {rank} of the {nprocs}-rank check failed: {said}",
+            "make your cell run on any world size (use world_size and rank, never 2 or 0 "
+            "typed in), then run the test again")
 
 
 def spawn(probe: str, nprocs: int = 4, *, cells: Sequence[str] = (), cluster: Any = None,
@@ -76,7 +88,7 @@ def spawn(probe: str, nprocs: int = 4, *, cells: Sequence[str] = (), cluster: An
     cc = cluster or current()
     done = cc.run_on(0, engine_spawn, args, timeout=timeout + 60)
     if "failed" in done:
-        raise RankFailed(**done["failed"])
+        raise RankFailed.of(**done["failed"])
     if "error" in done:
         raise CourseError(*done["error"])
     return done["results"]
@@ -237,5 +249,5 @@ def _result(tmp: Path, rank: int, nprocs: int) -> Any:
     err = [ln for ln in text.splitlines()
            if ln.strip() and not ln.lstrip().startswith(("^", "File ", "[rank", "Traceback"))
            and " was ended by " not in ln]
-    raise RankFailed(rank, nprocs, " | ".join(err[-3:] or ["no message"]),
-                     _ended_by_signal(tmp).get(rank, ""))
+    raise RankFailed.of(rank, nprocs, " | ".join(err[-3:] or ["no message"]),
+                        _ended_by_signal(tmp).get(rank, ""))

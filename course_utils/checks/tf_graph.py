@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..cluster.engine import px_name
+
 #: What later cells of unit 4 read from the dict ``build_graph`` returns.
 GRAPH_KEYS = ("x", "y_", "W", "b", "logits", "loss", "accuracy", "global_step", "train_op")
 
@@ -63,9 +65,7 @@ def engine_check_train_graph(fn_name: str = "build_graph",
     import __main__
 
     ns = vars(__main__)
-    fn = ns.get(fn_name)
-    if fn is None:
-        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    fn = px_name(fn_name, to_call=True)
     try:
         graph, t, _hooks = fn(ns["worker_index"])
     except Exception as exc:  # the learner's graph code: report it, the test names the fix

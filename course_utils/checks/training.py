@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..cluster.engine import px_name
+
 
 def engine_check_checkpoint(fn_name: str, path: str, model_name: str = "ddp_model",
                             opt_name: str = "optimizer", epoch: int = 7,
@@ -27,8 +29,7 @@ def engine_check_checkpoint(fn_name: str, path: str, model_name: str = "ddp_mode
 
     ns = vars(__main__)
     for name in (fn_name, model_name, opt_name):
-        if name not in ns:
-            raise NameError(f"{name!r} is not defined on this engine: run the cells above first")
+        px_name(name)
     rank = dist.get_rank()
     if rank == 0 and os.path.exists(path):
         os.remove(path)
@@ -73,11 +74,8 @@ def engine_check_sampler(fn_name: str = "make_sampler", n: int = 101,
     sampler's type, ``drop_last``, ``shuffle`` and ``num_replicas``; ``error`` is the first
     line of what the function raised (then nothing else is filled in). Used by exercise 1 of
     ``03_pytorch_ddp``."""
-    import __main__
 
-    fn = vars(__main__).get(fn_name)
-    if fn is None:
-        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    fn = px_name(fn_name, to_call=True)
     dataset = list(range(n))
     try:
         samplers = {e: fn(dataset, e) for e in epochs}
@@ -120,8 +118,7 @@ def engine_check_ddp(fn_name: str = "wrap_ddp", x_name: str = "X",
 
     ns = vars(__main__)
     for name in (fn_name, x_name, y_name):
-        if name not in ns:
-            raise NameError(f"{name!r} is not defined on this engine: run the cells above first")
+        px_name(name)
     rank, world = dist.get_rank(), dist.get_world_size()
     device = ns.get("device", torch.device("cpu"))
     X, Y = ns[x_name], ns[y_name]
@@ -219,11 +216,11 @@ def engine_check_load(fn_name: str, folder: str, epoch: int = 5) -> dict[str, An
     import torch
     import torch.distributed as dist
 
+    from ..cluster.engine import px_name
     from ..torch_dist import train
-    from .common import learner
 
-    fn = learner(fn_name)
-    device = learner("device")
+    fn = px_name(fn_name)
+    device = px_name("device")
     src = train.original_cnn(seed=1)
     src_opt = torch.optim.SGD(src.parameters(), lr=0.05, momentum=0.9)
     src(torch.ones(2, 3, 32, 32)).square().mean().backward()

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .. import settings
-from .common import learner
+from ..cluster.engine import px_name
 
 
 def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,
@@ -22,7 +22,7 @@ def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,
     the second call took on this rank (a watchdog must give up near ``timeout_s``)."""
     import torch.distributed as dist
 
-    fn = learner(fn_name)
+    fn = px_name(fn_name)
     on_time = fn(timeout_s)
     dist.barrier()
     if dist.get_rank() == late_rank:
@@ -182,7 +182,7 @@ def engine_check_atomic_save(save_name: str = "save_atomic", folder: str = "/tmp
     load, at which step, and does resuming from it end with the uninterrupted run's weights?"""
     import torch
 
-    save = learner(save_name)
+    save = px_name(save_name)
     path = os.path.join(folder, "atomic-check.pt")
     for f in os.listdir(folder):
         if f.startswith("atomic-check"):
@@ -234,7 +234,7 @@ def engine_check_restart_resume(save_name: str = "save_for_restart",
     step 3 (an atomic save)."""
     import torch
 
-    save, resume = learner(save_name), learner(resume_name)
+    save, resume = px_name(save_name), px_name(resume_name)
     path = os.path.join(folder, "restart-check.pt")
 
     def clean() -> None:
@@ -291,6 +291,6 @@ def engine_pickle_functions(names: list[str], path: str) -> str:
     import cloudpickle
 
     with open(path, "wb") as fh:
-        cloudpickle.dump(tuple(learner(n) for n in names), fh)
+        cloudpickle.dump(tuple(px_name(n) for n in names), fh)
     return path
 

@@ -1,12 +1,16 @@
-"""The few ipyparallel internals the course relies on, in one place.
+"""The ipyparallel internals the kernel's calls rely on.
 
 Why they are needed: ipyparallel's public ``queue_status``/``db_query`` wait forever for a
 controller that does not answer, so a kernel joining a hung cluster would hang too; the
 requests here send the same messages with a time limit (``Client._send`` on
 ``Client._query_stream``). An ``AsyncResult`` does not say publicly which of its engines are
 done (``_children``, ``_targets``). An engine-set launcher's polling thread ends only through
-its ``_stop_waiting`` event. If a future ipyparallel renames one of these, only this module
-changes (``tests/test_cluster.py`` exercises every function here against real engines).
+its ``_stop_waiting`` event. ``tests/test_cluster.py`` exercises every function here against
+real engines.
+
+Three other modules touch ipyparallel internals, each for its own reason and said there:
+:mod:`.pxoutput` (how a ``%%px`` cell's output is labelled), :mod:`.engine_fork` and
+:mod:`.forked_engine_app` (engines and nannies forked from one server).
 """
 
 from __future__ import annotations

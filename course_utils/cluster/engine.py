@@ -244,14 +244,22 @@ def state() -> dict[str, Any]:
     return dict(STATE)
 
 
-def call_named(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Call ``name`` from the engine's interactive namespace (what ``%%px`` cells defined)."""
+def px_name(name: str, to_call: bool = False) -> Any:
+    """What a ``%%px`` cell bound to ``name`` in this engine's namespace (a callable, when
+    ``to_call``). The one place that says, when it is not there, which cells to run: every
+    probe and recorder looks the learner's names up through it."""
     import __main__
 
-    fn = vars(__main__).get(name)
-    if fn is None:
-        raise NameError(f"{name!r} is not defined on this engine: run the %%px cell defining it")
-    return fn(*args, **kwargs)
+    value = vars(__main__).get(name)
+    if value is None or (to_call and not callable(value)):
+        raise NameError(f"{name!r} is not defined on this engine: run the %%px cell that "
+                        "defines it, and the cells above it")
+    return value
+
+
+def call_named(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Call ``name`` from the engine's interactive namespace (what ``%%px`` cells defined)."""
+    return px_name(name, to_call=True)(*args, **kwargs)
 
 
 def getenv(name: str, default: str | None = None) -> str | None:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..cluster.engine import px_name
 from .coordinator import watch_coordinator
 from .graph_v1 import task_of
 
@@ -161,8 +162,7 @@ def engine_record_ps(steps: int = 40, sync: bool = False, batch: int = 64,
     if ns.get("worker_index") is None:
         return None
     for name in (train_name, build_name):
-        if not callable(ns.get(name)):
-            raise NameError(f"{name!r} is not defined on this engine: run its %%px cell first")
+        px_name(name, to_call=True)
     import tensorflow as tf
 
     build = ns[build_name]
@@ -267,9 +267,7 @@ def engine_placement(graph_fns: dict[str, str] | list[tuple[str, str]], batch: i
     pairs = list(graph_fns.items()) if isinstance(graph_fns, dict) else list(graph_fns)
     out: dict[str, Any] = {}
     for label, name in pairs:
-        fn = ns.get(name)
-        if not callable(fn):
-            raise NameError(f"{name!r} is not defined on this engine: run its %%px cell first")
+        fn = px_name(name, to_call=True)
         takes = len(inspect.signature(fn).parameters) > 0
         made = fn(ns["worker_index"]) if takes else fn()
         graph = made[0] if isinstance(made, tuple) else made

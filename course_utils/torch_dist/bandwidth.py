@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .px_functions import px_function
+from ..cluster.engine import px_name
 
 #: Bus-bandwidth correction factors, as nccl-tests defines them, for ``p`` ranks.
 _BUS_FACTORS: dict[str, Callable[[int], float]] = {
@@ -120,7 +120,7 @@ def engine_bench_all_reduce(fn_name: str, nbytes: int = 64 * 2**20, iters: int =
     import torch
     import torch.distributed as dist
 
-    fn = px_function(fn_name)
+    fn = px_name(fn_name, to_call=True)
     t = torch.full((nbytes // 4,), 1e-3)
     return engine_compare({"dist.all_reduce (gloo)": lambda: dist.all_reduce(t),
                            fn_name: lambda: fn(t)}, iters=iters)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ..cluster.engine import px_name
+
 
 def engine_join(fn_name: str, *args: Any, cap_s: float = 20.0) -> dict[str, Any]:
     """*Collective.* Call the ``%%px`` function ``fn_name(*args)`` and record every
@@ -35,9 +37,7 @@ def engine_join(fn_name: str, *args: Any, cap_s: float = 20.0) -> dict[str, Any]
 
     from ..cluster import engine
 
-    fn = vars(__main__).get(fn_name)
-    if fn is None:
-        raise NameError(f"{fn_name!r} is not defined on this engine: run the %%px cell first")
+    fn = px_name(fn_name, to_call=True)
     if dist.is_initialized():
         dist.destroy_process_group()
     claims: list[dict[str, Any]] = []

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .px_functions import px_function
+from ..cluster.engine import px_name
 
 
 def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
@@ -234,7 +234,7 @@ def engine_record_ring(fn_name: str, n: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    fn = px_function(fn_name)
+    fn = px_name(fn_name, to_call=True)
     rank = dist.get_rank()
     t = torch.arange(n, dtype=torch.float32) + 100.0 * rank
     before = t.tolist()

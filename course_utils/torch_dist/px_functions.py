@@ -1,25 +1,15 @@
-"""*Engine side.* The learner's ``%%px`` functions on an engine: look one up by name, and read
-back the cells that defined some of them, with what those cells use, so that
+"""*Engine side.* Read back the ``%%px`` cells that defined some of the learner's names on an
+engine, with what those cells use, so that
 :func:`course_utils.checks.spawn.spawn` can run them on ranks of their own. Not collective;
 standard library only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
-
-def px_function(name: str) -> Callable[..., Any]:
-    """The function ``name`` that a ``%%px`` cell defined on this engine (what the recorders
-    of ``01_collectives`` call the learner's ring through)."""
-    import __main__
-
-    fn = vars(__main__).get(name)
-    if not callable(fn):
-        raise NameError(f"{name!r} is not defined on this engine: run the %%px cell first")
-    return fn
-
+from ..cluster.engine import px_name
 
 #: Names every rank gets from the course itself (never carried from an engine).
 RANK_NAMES = frozenset({"rank", "world_size", "local_rank", "host", "device"})
@@ -68,12 +58,13 @@ def engine_cells(names: Iterable[str]) -> dict[str, Any]:
 def _cell_of(ns: dict[str, Any], name: str) -> str:
     import linecache
 
-    obj = ns.get(name)
+    obj = px_name(name)
     funcs = [obj] if hasattr(obj, "__code__") else [
         getattr(f, "__func__", f) for f in vars(obj).values()] if obj is not None else []
     code = next((f.__code__ for f in funcs if hasattr(f, "__code__")), None)
     if code is None:
-        raise NameError(f"{name!r} is not defined on this engine: run its cell first")
+        raise NameError(f"{name!r} was not defined by a cell of its own: define it with def or "
+                        "class in a %%px cell, and run that cell")
     body = "".join(linecache.getlines(code.co_filename))
     if not body:
         raise NameError(f"the cell that defined {name!r} cannot be read back: run it again")

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cluster import CourseCluster, current
+from ..cluster.engine import px_name
 
 #: The seven collectives of the cheat sheet, in the order they are taught.
 COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather",
@@ -290,9 +291,8 @@ def engine_record_ring_frames(fn_name: str = "ring_all_reduce", n: int | None = 
     import torch.distributed as dist
 
     from .p2p import p2p_watchdog, record_sends
-    from .px_functions import px_function
 
-    fn = px_function(fn_name)
+    fn = px_name(fn_name, to_call=True)
     r, p = dist.get_rank(), dist.get_world_size()
     if p > 16:
         raise ValueError("the ring replay encodes ranks in float32 bits: at most 16 ranks")
