@@ -29,6 +29,7 @@ from nbformat import NotebookNode
 
 from ..errors import CourseError
 from ..notebook_cells import grade_id, is_solution_cell, is_test_cell, nbgrader_meta
+from ..settings import ENV_CACHE, env
 from .lessons import NOTEBOOK_DIR, source_notebooks
 
 COURSE_ID = "dist-training"
@@ -252,16 +253,15 @@ def read_nb(path: str | Path) -> NotebookNode:
 
 
 # ---- the learner's copy: a release, cached ----------------------------------------------------
-ENV_CACHE = "COURSE_CACHE_DIR"
 LOCK_TIMEOUT = 120.0
 
 
 def cache_dir() -> Path:
     """Where released student notebooks are cached: ``$COURSE_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/dist-training-course`` (``~/.cache/dist-training-course``)."""
-    env = os.environ.get(ENV_CACHE, "").strip()
-    if env:
-        return Path(env).expanduser()
+    cached = env(ENV_CACHE)
+    if cached:
+        return Path(cached).expanduser()
     base = os.environ.get("XDG_CACHE_HOME", "").strip()
     return (Path(base) if base else Path.home() / ".cache") / "dist-training-course"
 

@@ -14,6 +14,7 @@ import tempfile
 from typing import Any
 
 from ..procs import pid_alive
+from ..settings import ENV_HOST_CUDA_DEVICES, ENV_NODE, env
 
 #: What the last :func:`install` told this engine (rank, world size, ...).
 STATE: dict[str, Any] = {}
@@ -25,7 +26,7 @@ _STACK_OUT: list[Any] = []
 
 
 #: Set by :func:`install` when it pinned this engine to one GPU: the host's list before that.
-ENV_ALL_GPUS = "COURSE_HOST_CUDA_DEVICES"
+ENV_ALL_GPUS = ENV_HOST_CUDA_DEVICES
 
 
 def _gpu_ids(visible: str | None = None) -> list[str]:
@@ -72,7 +73,7 @@ def pin_gpu(local_rank: int, local_world_size: int) -> str | None:
     Idempotent: the host's full list is kept in ``$COURSE_HOST_CUDA_DEVICES``, so a second call
     (a kernel re-connecting) pins from the same list. Returns the value set, or None.
     """
-    host = os.environ.get(ENV_ALL_GPUS)
+    host = env(ENV_ALL_GPUS) or None
     gpus = host.split(",") if host else _gpu_ids()
     value = cuda_devices_for(local_rank, local_world_size, gpus)
     if value is None or _cuda_touched():
@@ -84,7 +85,7 @@ def pin_gpu(local_rank: int, local_world_size: int) -> str | None:
 
 def gpu_count() -> int:
     """GPUs on this host (before :func:`pin_gpu` narrowed this engine to one)."""
-    pinned = os.environ.get(ENV_ALL_GPUS)
+    pinned = env(ENV_ALL_GPUS) or None
     if pinned:
         return len(pinned.split(","))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -143,7 +144,7 @@ def describe(controller_addr: str = "127.0.0.1") -> dict[str, Any]:
         "cpus": os.cpu_count() or 1,
         # The profile's host entry, set per host by the SSH launcher (profiles.ENV_NODE):
         # tells apart hosts that share a host name.
-        "node": os.environ.get("COURSE_NODE") or None,
+        "node": env(ENV_NODE) or None,
     }
     slurm = slurm_facts()
     if slurm is not None:

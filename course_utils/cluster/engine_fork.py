@@ -43,10 +43,11 @@ from ipyparallel.cluster.launcher import (
 )
 
 from .. import procs, settings
+from ..settings import ENV_ENGINE_FORK, env
 from . import fork_protocol, ipyparallel_engine
 from . import ipyparallel_fork_server as fork_server
 
-ENV_FORK = "COURSE_ENGINE_FORK"
+ENV_FORK = ENV_ENGINE_FORK
 _LOCK = threading.Lock()
 #: server key -> the server's process (started by this process), its cluster id and the
 #: moment by which it must answer (the start timeout of the cluster it was started for)
@@ -65,8 +66,7 @@ class ForkUnavailable(RuntimeError):
 
 def enabled(environ: dict[str, str] | None = None) -> bool:
     """True unless ``$COURSE_ENGINE_FORK`` is ``0`` (or the platform has no ``fork``)."""
-    env = os.environ if environ is None else environ
-    return hasattr(os, "fork") and env.get(ENV_FORK, "1").strip() not in ("0", "no", "false")
+    return hasattr(os, "fork") and env(ENV_FORK, environ) not in ("0", "no", "false")
 
 
 def socket_dir() -> Path:

@@ -28,6 +28,7 @@ import threading
 import time
 
 from .. import settings
+from ..settings import ENV_ENGINE_PRELOAD, env
 
 
 def connection_file(environ: dict[str, str] | None = None) -> str:
@@ -64,13 +65,12 @@ ENGINE_FILE = __file__
 
 
 #: The variable that names the modules an engine imports before its first call.
-PRELOAD_ENV = "COURSE_ENGINE_PRELOAD"
+PRELOAD_ENV = ENV_ENGINE_PRELOAD
 
 
 def preload_names(environ: dict[str, str] | None = None) -> list[str]:
     """The modules named in ``$COURSE_ENGINE_PRELOAD`` (comma-separated)."""
-    env = os.environ if environ is None else environ
-    return [n.strip() for n in env.get(PRELOAD_ENV, "").split(",") if n.strip()]
+    return [n.strip() for n in env(PRELOAD_ENV, environ).split(",") if n.strip()]
 
 
 def run_engine() -> None:

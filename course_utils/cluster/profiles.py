@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ProfileError
+from ..settings import ENV_ENGINE_PYTHON, ENV_NODE, ENV_NODE_RANK, ENV_THREADS, env
 
 LAUNCHERS = ("local", "ssh", "slurm")
 
@@ -42,8 +43,6 @@ LAUNCHERS = ("local", "ssh", "slurm")
 SSH_DEFAULTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 
 #: Environment variables the SSH launcher sets per host, read back by the engines' report.
-ENV_NODE = "COURSE_NODE"
-ENV_NODE_RANK = "COURSE_NODE_RANK"
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,7 @@ class ClusterProfile:
         env = {
             "OMP_NUM_THREADS": str(threads),
             "MKL_NUM_THREADS": str(threads),
-            "COURSE_THREADS": str(threads),
+            ENV_THREADS: str(threads),
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "PYTHONUNBUFFERED": "1",
         }
@@ -200,7 +199,7 @@ def load_profile(spec: str | os.PathLike[str] | ClusterProfile | None = None) ->
         return spec
     if spec is None or str(spec) == "local":
         # $COURSE_ENGINE_PYTHON lets a learner point engines at another interpreter.
-        return ClusterProfile(engine_python=os.environ.get("COURSE_ENGINE_PYTHON") or None)
+        return ClusterProfile(engine_python=env(ENV_ENGINE_PYTHON) or None)
     path = Path(spec).expanduser()
     if not path.suffix:
         path = _profiles_dir() / f"{spec}.toml"

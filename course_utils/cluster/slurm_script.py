@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..settings import ENV_THREADS
 from .profiles import ClusterProfile, load_profile
 
 #: The module every launcher runs: unit 3's training as a script.
@@ -141,7 +142,7 @@ def _job_env(prof: ClusterProfile, job: _Job) -> dict[str, str]:
         env.setdefault("NCCL_SOCKET_IFNAME", prof.socket_ifname)
     threads = max(1, int(job.cpus) // job.nproc) if job.cpus else 1
     env.setdefault("OMP_NUM_THREADS", str(threads))
-    env.setdefault("COURSE_THREADS", str(threads))
+    env.setdefault(ENV_THREADS, str(threads))
     return env
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..notebook_cells import find_cell, source_text, without_px
-from ..settings import data_dir
+from ..settings import ENV_TORCH_DEBUG, data_dir
 
 NOTEBOOKS = data_dir("notebooks")
 
@@ -216,7 +216,7 @@ def run(outdir: str | Path, ring_ranks: int = 4, tf: bool = True) -> list[Item]:
     os.environ.setdefault("MPLBACKEND", "Agg")
     # The recordings include broadcast/scatter calls whose non-root tensors differ by design
     # and timings; DETAIL's fingerprint checks would reject the former and slow the latter.
-    os.environ.setdefault("COURSE_TORCH_DEBUG", "off")
+    os.environ.setdefault(ENV_TORCH_DEBUG, "off")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -12,10 +12,11 @@ from collections.abc import Callable
 
 from .. import procs, settings
 from ..errors import CourseError
+from ..settings import ENV_GRADING_RUN
 
 #: Marks every process started for one graded notebook (the controller, engines, the kernel and
 #: anything it starts inherit it), so that all of them can be ended by pid afterwards.
-RUN_MARK = "COURSE_GRADING_RUN"
+RUN_MARK = ENV_GRADING_RUN
 
 
 def marked_processes(value: str, key: str = RUN_MARK) -> list[int]:

@@ -37,6 +37,7 @@ from jupyter_client.manager import AsyncKernelManager
 from traitlets import List, Unicode
 
 from ..errors import CourseError
+from ..settings import ENV_SANDBOX_HIDDEN, ENV_SANDBOX_SEEN
 
 #: Environment variables a sandboxed kernel keeps (by prefix); everything else is dropped.
 KEEP_ENV = ("COURSE_", "OMP_", "MKL_", "TF_CPP_", "LANG", "LC_", "TZ", "PYTHONHASHSEED")
@@ -168,8 +169,8 @@ class SandboxedKernelManager(AsyncKernelManager):
         readable = [sys.base_prefix, sys.prefix, *self.readable, self.connection_file]
         writable = [self.socket_dir, self.sandbox_cwd]
         env = {**kept_env(),
-               "COURSE_SANDBOX_HIDDEN": os.pathsep.join(self.hide),
-               "COURSE_SANDBOX_SEEN": os.pathsep.join([*readable, *writable])}
+               ENV_SANDBOX_HIDDEN: os.pathsep.join(self.hide),
+               ENV_SANDBOX_SEEN: os.pathsep.join([*readable, *writable])}
         for i in range(1, len(cmd)):  # ipykernel, with the audit hook of sandbox_kernel first
             if cmd[i - 1] == "-m" and cmd[i] == "ipykernel_launcher":
                 cmd[i] = KERNEL_MODULE

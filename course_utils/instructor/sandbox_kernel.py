@@ -18,6 +18,8 @@ import runpy
 import sys
 from typing import Any
 
+from ..settings import ENV_SANDBOX_HIDDEN, ENV_SANDBOX_SEEN
+
 #: The prefix of the hook's lines on standard error.
 MARK = "COURSE-SANDBOX-DENIED "
 PATH_EVENTS = {"open": "open", "os.listdir": "list", "os.scandir": "list", "os.remove": "remove",
@@ -59,7 +61,7 @@ def make_hook(hidden: list[str], allowed: list[str], out: int) -> Any:
 
 def main() -> None:
     hidden, seen = ([p for p in os.environ.pop(key, "").split(os.pathsep) if p]
-                    for key in ("COURSE_SANDBOX_HIDDEN", "COURSE_SANDBOX_SEEN"))
+                    for key in (ENV_SANDBOX_HIDDEN, ENV_SANDBOX_SEEN))
     out = os.dup(2)  # its own copy of the pipe: a cell that closes fd 2 does not silence it
     sys.addaudithook(make_hook(hidden, [*seen, os.getcwd()], out))
     sys.argv[0] = "ipykernel_launcher"

@@ -25,12 +25,13 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..settings import ENV_KERNEL_PREFIX, env
+
 if TYPE_CHECKING:
     from nbformat import NotebookNode
 
 KERNEL_NAME = "dist-training-course"
 DISPLAY_NAME = "Distributed training course"
-ENV_KERNEL_PREFIX = "COURSE_KERNEL_PREFIX"
 #: IPython extensions the course kernel loads at start.
 EXTENSIONS = ("course_utils.cluster.pxoutput",)
 INSTALL_FIX = "run `course kernel` (or `course lab`) from the course's environment"
@@ -38,7 +39,7 @@ INSTALL_FIX = "run `course kernel` (or `course lab`) from the course's environme
 
 def kernel_prefix() -> Path:
     """Where the kernelspec goes: ``$COURSE_KERNEL_PREFIX``, else this environment's prefix."""
-    return Path(os.environ.get(ENV_KERNEL_PREFIX, "").strip() or sys.prefix)
+    return Path(env(ENV_KERNEL_PREFIX) or sys.prefix)
 
 
 def kernel_dir(prefix: str | os.PathLike[str] | None = None) -> Path:

@@ -41,9 +41,10 @@ from nbformat import NotebookNode
 from .. import notebook_cells
 from ..assignments import lessons
 from ..errors import CourseError
+from ..settings import ENV_WORKDIR
+from ..settings import env as settings_env
 from .kernelspec import set_kernelspec
 
-ENV_WORKDIR = "COURSE_WORKDIR"
 MANIFEST = Path(".course") / "manifest.json"
 UPDATED_SUFFIX = ".updated"
 _UNIT_RE = re.compile(r"^(\d+)_[^.]+\.ipynb$")
@@ -55,7 +56,7 @@ class WorkspaceError(CourseError):
 
 def default_workdir() -> Path:
     """``$COURSE_WORKDIR``, else ``~/dist-training-course``."""
-    env = os.environ.get(ENV_WORKDIR, "").strip()
+    env = settings_env(ENV_WORKDIR)
     return Path(env).expanduser() if env else Path.home() / "dist-training-course"
 
 

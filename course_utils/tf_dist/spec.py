@@ -8,7 +8,6 @@ level, so these functions run in the kernel and are unit-tested without a cluste
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
@@ -99,7 +98,9 @@ def inter_op_threads(cluster: Mapping[str, Sequence[str]]) -> int:
 
 def intra_op_threads() -> int:
     """Threads inside one op: the engine's share of the cores ($COURSE_THREADS)."""
-    return max(1, int(os.environ.get("COURSE_THREADS", "0") or 0) or 1)
+    from ..settings import env_threads
+
+    return max(1, env_threads() or 1)
 
 
 

@@ -33,6 +33,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..settings import env_threads
+
 #: Environment variables a launcher (torchrun, srun + torchrun) must set.
 REQUIRED_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
@@ -172,7 +174,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
     local_rank = int(os.environ["LOCAL_RANK"])
-    threads = int(os.environ.get("COURSE_THREADS", "0") or 0)
+    threads = env_threads()
     if threads:
         torch.set_num_threads(threads)
     backend = pick_backend(args.backend, local_rank)

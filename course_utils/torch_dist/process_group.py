@@ -17,6 +17,7 @@ from ..errors import (
     PortInUse,
     WorldSizeMismatch,
 )
+from ..settings import env_threads
 from . import messages  # noqa: F401  # registers what torch's messages mean with the cluster
 
 BACKENDS = ("auto", "gloo", "nccl")
@@ -214,7 +215,7 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
         lo = loopback_ifname()
         if lo:  # gloo's own listening sockets: loopback, not the host name's address
             os.environ["GLOO_SOCKET_IFNAME"] = lo
-    threads = int(os.environ.get("COURSE_THREADS", "0") or 0)
+    threads = env_threads()
     if threads:
         torch.set_num_threads(threads)
     cuda = "nccl" in backend

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..settings import ENV_LIVE, env
 from .style import ROLE, pyplot, rank_color, styled
 
 Rows = Sequence[Mapping[str, float]]
@@ -27,7 +28,7 @@ Rows = Sequence[Mapping[str, float]]
 def live_possible() -> bool:
     """True in a Jupyter kernel where figures can be replaced in place; False under nbval's
     environment (``IPP_NONINTERACTIVE=1``), in scripts, or with ``COURSE_LIVE=0``."""
-    if os.environ.get("COURSE_LIVE", "") == "0" or os.environ.get("IPP_NONINTERACTIVE"):
+    if env(ENV_LIVE) == "0" or os.environ.get("IPP_NONINTERACTIVE"):
         return False
     try:
         from IPython import get_ipython

@@ -34,7 +34,7 @@ import sysconfig
 from pathlib import Path
 
 from ..errors import CourseError
-from ..settings import DATA_SUBDIR, course_root, data_dir
+from ..settings import DATA_SUBDIR, ENV_KERNEL_PREFIX, course_root, data_dir
 
 FOLDER = "learner-env"
 SHARED_PTH = "course-shared.pth"
@@ -101,7 +101,7 @@ def build_learner_env(out: Path, python: str = sys.executable) -> Path:
     kernel = subprocess.run([str(py), "-m", "course_utils.cli", "kernel"], capture_output=True,
                             text=True, timeout=120, check=False,
                             env={k: v for k, v in os.environ.items()
-                                 if k not in ("COURSE_KERNEL_PREFIX", "PYTHONPATH")})
+                                 if k not in (ENV_KERNEL_PREFIX, "PYTHONPATH")})
     if kernel.returncode != 0:
         raise CourseError(f"the learners' environment {env} does not run the course: "
                           f"{(kernel.stdout + kernel.stderr).strip()[-800:]}",

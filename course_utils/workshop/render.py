@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from ..learner.labconfig import QUIET_ARGS
+from ..settings import ENV_PROFILE, ENV_WORKSHOP
 from .learner_env import FOLDER, build_learner_env
 from .plan import Workshop
 
@@ -93,7 +94,7 @@ def hub_config(ws: Workshop, profile: Path, release: Path, state: Path,
     (the learners' environment)."""
     bin_dir = Path(python).parent
     admins = {ws.instructor} if ws.instructor else set()
-    env = {"COURSE_PROFILE": str(profile), "COURSE_WORKSHOP": ws.path,
+    env = {ENV_PROFILE: str(profile), ENV_WORKSHOP: ws.path,
            "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",  # their `course`, not ours
            **({"SLURM_CONF": ws.slurm_conf} if ws.slurm_conf else {})}
     return "\n".join([
