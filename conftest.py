@@ -61,7 +61,7 @@ def _notebook_of(item) -> str | None:
 def _stop_left_over(cluster_id: str) -> None:
     """Stop a notebook's cluster if its kernel died before its teardown cell (a timeout): its
     engines would keep their imports and load, and nothing else would ever join them."""
-    from course_utils.cluster.lifecycle import stop_running
+    from course_utils.cluster.kernel.lifecycle import stop_running
 
     try:
         stop_running(cluster_id)

@@ -15,9 +15,9 @@ import pytest
 
 import course_utils as cu
 from course_utils import procs, torch_dist
-from course_utils.cluster import lifecycle as cl
-from course_utils.cluster import registry
-from course_utils.cluster.engine import getenv
+from course_utils.cluster.engines.engine import getenv
+from course_utils.cluster.kernel import lifecycle as cl
+from course_utils.cluster.kernel import registry
 from course_utils.errors import (
     BackendUnavailable,
     ClusterNotRunning,
@@ -394,7 +394,7 @@ def readme_listeners() -> dict[str, str]:
 
 def test_only_tf_grpc_servers_listen_beyond_loopback(cluster):
     from course_utils import tf_dist
-    from course_utils.cluster import exposure
+    from course_utils.cluster.kernel import exposure
 
     torch_dist.start(cluster)
     tfc = tf_dist.start_servers(cluster, num_ps=1)
@@ -464,7 +464,7 @@ def rank1_raises_before_the_all_reduce():
 
 
 def test_a_rank_that_raises_is_reported_without_waiting_for_the_others(cluster):
-    from course_utils.cluster.stuck_calls import FAIL_FAST_S
+    from course_utils.cluster.kernel.stuck_calls import FAIL_FAST_S
 
     torch_dist.start(cluster)
     t0 = time.perf_counter()

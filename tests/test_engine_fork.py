@@ -1,4 +1,4 @@
-"""Local engines forked from one server (course_utils/cluster/engine_fork.py), against real
+"""Local engines forked from one server (course_utils/cluster/fork_client.py), against real
 ipyparallel engines: what an exec'd engine had, a forked one has too."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 import course_utils as cu
 from course_utils import procs
-from course_utils.cluster import engine_fork
+from course_utils.cluster.launchers import fork_client
 from course_utils.errors import EngineError
 
 CID = f"pytest-fork-{os.getpid()}"
@@ -70,8 +70,8 @@ def test_engines_are_children_of_one_server_that_imported_torch():
     finally:
         cu.stop(force=True)
     assert wait_gone([server, *engines]), "the server or an engine outlived cu.stop()"
-    tag = engine_fork.cluster_tag(sys.executable, {"IPP_CLUSTER_ID": CID})
-    assert list(engine_fork.socket_dir().glob(f"{tag}-*")) == []  # its socket went with it
+    tag = fork_client.cluster_tag(sys.executable, {"IPP_CLUSTER_ID": CID})
+    assert list(fork_client.socket_dir().glob(f"{tag}-*")) == []  # its socket went with it
 
 
 def test_an_engines_nanny_is_forked_by_its_server_and_relays_signals():
@@ -98,11 +98,11 @@ def test_an_engines_nanny_is_forked_by_its_server_and_relays_signals():
 def test_a_socket_no_server_answers_on_is_removed():
     import socket
 
-    dead = engine_fork.socket_dir() / "0000000000-1-dead.sock"
+    dead = fork_client.socket_dir() / "0000000000-1-dead.sock"
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.bind(str(dead))
     s.close()  # bound, never listening: what a killed server leaves
-    assert dead.name in engine_fork.remove_stale_sockets() and not dead.exists()
+    assert dead.name in fork_client.remove_stale_sockets() and not dead.exists()
 
 
 JOIN_AND_RESTART = """
@@ -153,7 +153,7 @@ def test_an_engine_killed_by_its_pid_is_a_dead_rank():
 
 
 def test_fork_off_starts_each_engine_as_its_own_python(monkeypatch):
-    monkeypatch.setenv(engine_fork.ENV_FORK, "0")
+    monkeypatch.setenv(fork_client.ENV_FORK, "0")
     cid = f"{CID}-off"
     cc = cu.start(n=2, cluster_id=cid)
     try:
@@ -166,19 +166,19 @@ def test_fork_off_starts_each_engine_as_its_own_python(monkeypatch):
 
 def test_server_key_names_python_and_every_variable_but_the_momentary_ones():
     env = {"A": "1", "IPP_CLUSTER_ID": "c", "PYTEST_CURRENT_TEST": "t.py::a (setup)"}
-    key = engine_fork.server_key("/usr/bin/python3", env)
-    assert key == engine_fork.server_key("/usr/bin/python3", dict(reversed(env.items())))
-    assert key != engine_fork.server_key("/usr/bin/python3", {**env, "A": "2"})
-    assert key != engine_fork.server_key("/usr/bin/python3", {**env, "IPP_CLUSTER_ID": "d"})
-    for name in engine_fork.MOMENTARY:  # a restart in the next test reuses the server
-        assert key == engine_fork.server_key("/usr/bin/python3", {**env, name: "other"})
-    assert key != engine_fork.server_key("/opt/python3", env)
-    assert oct(engine_fork.socket_dir().stat().st_mode & 0o777) == "0o700"
+    key = fork_client.server_key("/usr/bin/python3", env)
+    assert key == fork_client.server_key("/usr/bin/python3", dict(reversed(env.items())))
+    assert key != fork_client.server_key("/usr/bin/python3", {**env, "A": "2"})
+    assert key != fork_client.server_key("/usr/bin/python3", {**env, "IPP_CLUSTER_ID": "d"})
+    for name in fork_client.MOMENTARY:  # a restart in the next test reuses the server
+        assert key == fork_client.server_key("/usr/bin/python3", {**env, name: "other"})
+    assert key != fork_client.server_key("/opt/python3", env)
+    assert oct(fork_client.socket_dir().stat().st_mode & 0o777) == "0o700"
 
 
 def test_a_request_for_another_program_is_not_forked():
-    with pytest.raises(engine_fork.ForkUnavailable, match="not a local engine"):
-        engine_fork.fork_engine(["python", "-m", "ipyparallel.controller"], {}, ".", os.devnull)
+    with pytest.raises(fork_client.ForkUnavailable, match="not a local engine"):
+        fork_client.fork_engine(["python", "-m", "ipyparallel.controller"], {}, ".", os.devnull)
 
 
 LAUNCHED_BY = """

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 from course_utils import settings
-from course_utils.cluster import engine, exposure, failures, sharing
-from course_utils.cluster.failures import Failure
+from course_utils.cluster.engines import engine
+from course_utils.cluster.kernel import exposure, failures, sharing
+from course_utils.cluster.kernel.failures import Failure
 from course_utils.errors import CollectiveMismatch, EngineError, ProcessGroupGone
 from course_utils.torch_dist import messages
 from course_utils.torch_dist import process_group as pg
@@ -225,7 +226,7 @@ def test_a_mismatch_torch_did_not_spell_per_rank_still_says_something():
 def test_a_call_after_cu_stop_names_the_stop_and_cu_start():
     import time
 
-    from course_utils.cluster.stopped import stopped_error
+    from course_utils.cluster.kernel.stopped import stopped_error
 
     own = stopped_error("c1", True, time.time() - 12)
     assert own.cause.startswith("cluster 'c1' was stopped by cu.stop() 12 s ago: its engines")
@@ -237,7 +238,7 @@ def test_a_call_after_cu_stop_names_the_stop_and_cu_start():
 def test_a_rank_whose_host_is_gone_is_named_with_that_host():
     import ipyparallel as ipp
 
-    from course_utils.cluster.engine_errors import engine_error
+    from course_utils.cluster.kernel.remote_errors import engine_error
     from tests.rank_maps import two_hosts
 
     two = two_hosts()

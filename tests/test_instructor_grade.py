@@ -473,7 +473,7 @@ def test_grades_csv_and_json_have_a_row_per_student_and_question(graded):
 
 
 def test_feedback_is_an_offline_html_page_per_graded_student(graded):
-    from course_utils.instructor.feedback import feedback
+    from course_utils.instructor.feedback_html import feedback
 
     runs, expected, _, _ = graded
     result = runs[0][0]
@@ -538,7 +538,7 @@ def test_a_cluster_that_does_not_start_is_tried_once_more_on_a_fresh_id(monkeypa
     """One failed start (on a loaded machine both engines can lose the controller's
     heartbeat) does not end a class's grading: the grader says so and starts a fresh cluster;
     a second failure is the error."""
-    from course_utils.cluster import lifecycle
+    from course_utils.cluster.kernel import lifecycle
     from course_utils.errors import EnginesDidNotStart
     from course_utils.instructor.grading_cluster import RUN_MARK, GradingCluster
 

@@ -111,7 +111,7 @@ def learner_lab(tmp_path_factory, browser_screenshot_dir):
         print(f"\ncourse lab (cluster + JupyterLab) answered after {time.monotonic() - t0:.1f} s")
         key = f"{os.environ.get('COURSE_IPYTHON_PROFILE') or 'course'}:{cid}"
         yield LearnerLab(server, workdir, key)
-    from course_utils.cluster.lifecycle import cluster_file
+    from course_utils.cluster.kernel.lifecycle import cluster_file
 
     assert not cluster_file(cid).exists(), f"course lab left its cluster running:\n" \
         f"{server.log_tail(3000)}"

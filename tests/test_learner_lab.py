@@ -19,7 +19,7 @@ import pytest
 
 from course_utils import cli, notebook_cells
 from course_utils.assignments import lessons
-from course_utils.cluster import pxoutput
+from course_utils.cluster.kernel import pxoutput
 from course_utils.cluster.ranks import RankInfo, RankMap
 from course_utils.errors import CourseError
 from course_utils.learner import home, kernelspec, lab, labconfig, labpanel, workspace
@@ -66,7 +66,7 @@ def test_collapse_cr_is_what_a_terminal_shows():
 
 
 def test_labels_name_the_rank_of_each_engine(monkeypatch):
-    from course_utils.cluster import registry
+    from course_utils.cluster.kernel import registry
 
     assert pxoutput.rank_label("stdout", 3, None) == "[stdout:3]"
     monkeypatch.setattr(registry, "_current", SimpleNamespace(rank_map=rank_map([3, 2])))
@@ -154,7 +154,7 @@ def test_kernelspec_installs_once_and_points_at_this_python(kernel_prefix):
     assert written and path == kernelspec.kernel_dir(kernel_prefix)
     spec = json.loads((path / "kernel.json").read_text())
     assert spec["argv"][0] == sys.executable and spec["display_name"] == kernelspec.DISPLAY_NAME
-    assert "--IPKernelApp.extra_extensions=course_utils.cluster.pxoutput" in spec["argv"]
+    assert "--IPKernelApp.extra_extensions=course_utils.cluster.kernel.pxoutput" in spec["argv"]
     assert (path / "logo-64x64.png").exists()
     assert kernelspec.install() == (path, False)  # idempotent
     spec["argv"][0] = "/elsewhere/python"
@@ -171,7 +171,7 @@ def test_the_course_kernel_starts_with_the_course_loaded(kernel_prefix):
     km, kc = start_new_kernel(kernel_name=kernelspec.KERNEL_NAME, startup_timeout=60)
     try:
         code = ("import sys, course_utils; print(sys.executable, "
-                "'course_utils.cluster.pxoutput' in get_ipython().extension_manager.loaded)")
+                "'course_utils.cluster.kernel.pxoutput' in get_ipython().extension_manager.loaded)")
         out = []
         reply = kc.execute_interactive(code, timeout=60, output_hook=lambda m: out.append(
             m["content"].get("text", "")) if m["msg_type"] == "stream" else None)

@@ -72,7 +72,7 @@ def test_sweep_compare_draws_every_series():
 
 
 def test_learner_lookup_names_the_missing_cell():
-    from course_utils.cluster.engine import px_name
+    from course_utils.cluster.engines.engine import px_name
 
     with pytest.raises(NameError, match="run the %%px cell that defines it"):
         px_name("surely_not_defined_here")

@@ -12,8 +12,8 @@ import pytest
 
 from course_utils import settings
 from course_utils.cluster import ports
-from course_utils.cluster.engine_fork import ForkedEngineSetLauncher
-from course_utils.cluster.launching import cluster_kwargs
+from course_utils.cluster.launchers.fork_client import ForkedEngineSetLauncher
+from course_utils.cluster.launchers.launching import cluster_kwargs
 from course_utils.cluster.profiles import ClusterProfile, load_profile, profile_from_dict
 from course_utils.cluster.ranks import build_rank_map
 from course_utils.errors import BackendUnavailable, CourseError, ProfileError
@@ -169,7 +169,7 @@ def test_two_host_example_profile_parses():
 def test_every_launchers_engines_wait_30_s_for_their_registration(name, tmp_path):
     """ipyparallel's engines give up after 5 s without the controller's answer; a controller
     busy starting several learners' clusters at once can take longer."""
-    from course_utils.cluster.launching import REGISTRATION_S, new_ipp_cluster
+    from course_utils.cluster.launchers.launching import REGISTRATION_S, new_ipp_cluster
 
     cl = new_ipp_cluster("reg-test", load_profile(name), 2)
     engines = cl.engine_launcher_class(parent=cl, profile_dir=str(tmp_path), cluster_id="r")
@@ -220,7 +220,7 @@ def test_profile_object_passes_through():
 
 # ---- settings ------------------------------------------------------------------------------------
 def test_sbatch_script_runs_the_module_it_is_given():
-    from course_utils.cluster.slurm_script import (
+    from course_utils.cluster.launchers.slurm_script import (
         SCRIPT_MODULE,
         check_sbatch_script,
         make_sbatch_script,
@@ -240,7 +240,7 @@ def test_local_engines_wait_until_the_connection_file_is_complete(tmp_path):
     import json
     import threading
 
-    from course_utils.cluster import ipyparallel_engine as boot
+    from course_utils.cluster.engines import ipyparallel_engine as boot
 
     env = {"IPP_PROFILE_DIR": str(tmp_path), "IPP_CLUSTER_ID": "c1"}
     path = tmp_path / "security" / "ipcontroller-c1-engine.json"
@@ -366,7 +366,7 @@ def test_an_engine_whose_host_stays_unreachable_is_reported_stopped(tmp_path, ca
     import sys
     import time
 
-    from course_utils.cluster.ssh_launcher import CourseSSHEngineLauncher
+    from course_utils.cluster.launchers.ssh import CourseSSHEngineLauncher
 
     (tmp_path / "ssh.py").write_text(LINK_SSH)
     link = tmp_path / "link-up"

@@ -1,5 +1,5 @@
-"""Engines as a Slurm job (course_utils/cluster/slurm.py), ``course doctor --profile`` and
-unit 6's batch script (course_utils/cluster/slurm_script.py) submitted with ``sbatch``.
+"""Engines as a Slurm job (course_utils/cluster/launchers/slurm.py), ``course doctor --profile`` and
+unit 6's batch script (course_utils/cluster/launchers/slurm_script.py) submitted with ``sbatch``.
 
 The first half needs no Slurm (profile parsing, batch script, Slurm's words, rank map); the
 second half runs on the one-node rig of tests/rigs/slurm.py (skipped with the install command
@@ -23,8 +23,17 @@ import pytest
 
 import course_utils as cu
 from course_utils import cli, procs
-from course_utils.cluster import engine, lifecycle, ports, slurm, slurm_queue
-from course_utils.cluster.launching import cluster_kwargs
+from course_utils.cluster import ports
+from course_utils.cluster.engines import engine
+from course_utils.cluster.kernel import lifecycle
+from course_utils.cluster.launchers import slurm, slurm_queue
+from course_utils.cluster.launchers.launching import cluster_kwargs
+from course_utils.cluster.launchers.slurm_script import (
+    RDZV_PORT,
+    check_sbatch_script,
+    make_sbatch_script,
+    write_sbatch_script,
+)
 from course_utils.cluster.profiles import (
     ClusterProfile,
     SlurmSpec,
@@ -32,12 +41,6 @@ from course_utils.cluster.profiles import (
     profile_from_dict,
 )
 from course_utils.cluster.ranks import build_rank_map, slurm_step
-from course_utils.cluster.slurm_script import (
-    RDZV_PORT,
-    check_sbatch_script,
-    make_sbatch_script,
-    write_sbatch_script,
-)
 from course_utils.errors import CourseError, EnginesDidNotStart, ProfileError
 from course_utils.instructor import doctor_slurm
 from tests.rigs import slurm as rigs_slurm
@@ -444,7 +447,7 @@ def test_cluster_files_name_the_launcher_so_course_stop_can_cancel_the_job(tmp_p
 
     cl = ipp.Cluster(engines=slurm.SlurmEngines, cluster_id="x", profile_dir=str(tmp_path))
     name = cl.to_dict()["engines"]["class"]
-    assert name == "course_utils.cluster.slurm.SlurmEngines"
+    assert name == "course_utils.cluster.launchers.slurm.SlurmEngines"
     assert ipp.Cluster(engines=name).engine_launcher_class is slurm.SlurmEngines
 
 

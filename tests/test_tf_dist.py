@@ -14,7 +14,7 @@ import time
 import pytest
 
 from course_utils import tf_dist
-from course_utils.cluster.engine import getenv
+from course_utils.cluster.engines.engine import getenv
 from course_utils.cluster.ports import free_port
 from course_utils.errors import CourseError
 

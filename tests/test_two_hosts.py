@@ -30,15 +30,16 @@ import pytest
 import course_utils as cu
 from course_utils import procs, settings
 from course_utils.checks import hosts as probes
-from course_utils.cluster import engine, profiles
-from course_utils.cluster.launching import cluster_kwargs
-from course_utils.cluster.profiles import load_profile, profile_from_dict, write_profile
-from course_utils.cluster.ranks import build_rank_map, host_key
-from course_utils.cluster.slurm_script import (
+from course_utils.cluster import profiles
+from course_utils.cluster.engines import engine
+from course_utils.cluster.launchers.launching import cluster_kwargs
+from course_utils.cluster.launchers.slurm_script import (
     check_sbatch_script,
     make_sbatch_script,
     torchrun_args,
 )
+from course_utils.cluster.profiles import load_profile, profile_from_dict, write_profile
+from course_utils.cluster.ranks import build_rank_map, host_key
 from course_utils.errors import CourseError, EnginesDidNotStart, ProfileError
 from course_utils.instructor.doctor_hosts import HostCheck, HostDoctor, run_host_checks
 from course_utils.torch_dist import ddp_script
@@ -205,8 +206,8 @@ def test_ranks_sharing_one_stdout_never_interleave_their_json_lines():
 
 
 def test_launcher_kill_script_terms_waits_then_kills(tmp_path):
-    from course_utils.cluster.ssh_launcher import CourseSSHEngineSetLauncher as L
-    from course_utils.cluster.ssh_launcher import remote_profile_base
+    from course_utils.cluster.launchers.ssh import CourseSSHEngineSetLauncher as L
+    from course_utils.cluster.launchers.ssh import remote_profile_base
 
     class El:  # what the scripts read from a launcher
         def __init__(self, pid, out):
@@ -232,7 +233,7 @@ def test_launcher_kill_script_signals_only_this_clusters_engines():
     # A pid alone does not name an engine of this cluster on a shared host (an engine another
     # kernel replaced, its pid reused): only processes whose environment holds exactly
     # IPP_CLUSTER_ID=<this id> are signalled; an id that merely starts with it is another's.
-    from course_utils.cluster.ssh_launcher import CourseSSHEngineSetLauncher as L
+    from course_utils.cluster.launchers.ssh import CourseSSHEngineSetLauncher as L
 
     class El:
         def __init__(self, pid):
@@ -260,7 +261,7 @@ def test_the_cluster_file_names_the_ssh_launcher_so_a_kernel_can_load_it():
     import ipyparallel as ipp
     from ipyparallel.cluster.launcher import abbreviate_launcher_class
 
-    from course_utils.cluster.ssh_launcher import CourseSSHEngineSetLauncher
+    from course_utils.cluster.launchers.ssh import CourseSSHEngineSetLauncher
 
     name = abbreviate_launcher_class(CourseSSHEngineSetLauncher)
     cl = ipp.Cluster(cluster_id="t", log_level=50)

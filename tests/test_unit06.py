@@ -15,7 +15,7 @@ import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
 from course_utils.checks import graduation as g
-from course_utils.cluster.slurm_script import torchrun_args
+from course_utils.cluster.launchers.slurm_script import torchrun_args
 from course_utils.notebook_cells import nbgrader_meta
 from course_utils.viz import hosts as vh
 

@@ -13,8 +13,8 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from course_utils.cluster.kernel.stuck_calls import StuckCalls, returned_ranks
 from course_utils.cluster.ranks import RankInfo, RankMap  # noqa: E402
-from course_utils.cluster.stuck_calls import StuckCalls, returned_ranks  # noqa: E402
 from course_utils.viz import faults_timeline  # noqa: E402
 from tests.rank_maps import two_hosts  # noqa: E402
 

@@ -20,10 +20,10 @@ import pytest
 from traitlets.config import Config
 
 from course_utils.cli import main as course
-from course_utils.cluster import slurm_queue
+from course_utils.cluster.launchers import slurm_queue
+from course_utils.cluster.launchers.slurm import JobStatus, job_status, parse_job
 from course_utils.cluster.ports import free_port
 from course_utils.cluster.profiles import load_profile
-from course_utils.cluster.slurm import JobStatus, job_status, parse_job
 from course_utils.workshop import check, hub, render
 from course_utils.workshop.plan import WorkshopError, load_workshop, workshop_from_dict
 from tests.rigs import slurm as rigs_slurm
@@ -437,8 +437,8 @@ def test_the_hub_hook_gives_a_learner_their_own_closed_copy_of_the_release(rig, 
 def test_a_learners_cu_start_waits_in_the_queue_with_the_message_then_gets_a_gpu_per_host(
         rig, tmp_path, capfd):
     import course_utils as cu
-    from course_utils.cluster import engine
-    from course_utils.cluster.slurm import SlurmJobError
+    from course_utils.cluster.engines import engine
+    from course_utils.cluster.launchers.slurm import SlurmJobError
     from tests.rigs.twohosts import IFNAME
 
     ws = rig.workshop(interface=IFNAME)

@@ -82,7 +82,7 @@ def probe_code(engine_timeout: float = 20.0) -> str:
             scan = scope["replaced_helpers"]
             shell = sys.modules["IPython"].get_ipython()
             found = ["kernel: " + f for f in scan(dict(shell.user_ns))]
-            registry = sys.modules.get("course_utils.cluster.registry")
+            registry = sys.modules.get("course_utils.cluster.kernel.registry")
             cc = registry.current_or_none() if registry else None
             engines = "no cluster"
             if cc is not None:

@@ -10,7 +10,7 @@ from .capstone import check_tf_capstone, engine_check_capstone, engine_check_res
 from .collective_calls import engine_check_collectives
 from .common import learner_line
 from .data_parallel import dp_step_problem, engine_check_dp_step
-from .feedback import feedback
+from .feedback_format import feedback
 from .performance import (
     alpha_beta_problem,
     engine_check_overlap_dp,

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 #: The capstone's accuracy bar on held-out data, per dataset.
 TARGET = {"sklearn-digits": 0.85, "cifar10": 0.30}

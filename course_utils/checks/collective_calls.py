@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 COUNTED = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
            "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "send", "recv",
@@ -57,7 +57,7 @@ TWO_HOSTS = (2, 2)
 def local_rank_problem(claimed: list[Any], ranks: list[dict[str, Any]], what: str) -> str | None:
     """Whether ``claimed`` (one value per rank) is every rank's local rank where its rank
     belongs (pure). ``ranks`` is the rank map as dicts."""
-    from .feedback import feedback
+    from .feedback_format import feedback
 
     local = [r["local_rank"] for r in ranks]
     if list(claimed) != local or local == [r["rank"] for r in ranks]:
@@ -76,7 +76,7 @@ def engine_join_and_leave(timeout_s: float) -> dict[str, Any]:
     group is left. Each step's error is said, not raised."""
     import os
 
-    from ..cluster.engine import call_named
+    from ..cluster.engines.engine import call_named
     from ..torch_dist import join_watch as jw
 
     master_addr, master_port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -101,7 +101,7 @@ def join_on_two_hosts(cluster: Any = None, timeout_s: float = 5.0) -> str | None
     them): the claims, the group in use, and no group after ``leave_group``. The first
     problem, or ``None``. Introduced in ``00_cluster_tour``'s Exercise 1 test."""
     from ..torch_dist.join_watch import explain_join
-    from .feedback import feedback
+    from .feedback_format import feedback
     from .spawn import RankFailed, simulated_rank_map, spawn
 
     try:
@@ -133,7 +133,7 @@ def sum_on_two_hosts(fn_name: str = "sum_of_squares", cluster: Any = None) -> st
     """Kernel side. The learner's ``sum_of_squares`` on 4 ranks of their own
     (:data:`TWO_HOSTS`): one ``all_reduce`` and the sum of ``(rank + 1)**2`` on every rank.
     The first problem, or ``None``. Used by ``00_cluster_tour``'s Exercise 2 test."""
-    from .feedback import feedback
+    from .feedback_format import feedback
     from .spawn import RankFailed, simulated_rank_map, spawn
 
     ranks = simulated_rank_map(TWO_HOSTS)

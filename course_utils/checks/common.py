@@ -1,5 +1,6 @@
 """What the engine-side probes of ``checks`` share: name the learner's own line in an error
-(they find the learner's ``%%px`` names with :func:`course_utils.cluster.engine.px_name`)."""
+(they find the learner's ``%%px`` names with
+:func:`course_utils.cluster.engines.engine.px_name`)."""
 
 from __future__ import annotations
 

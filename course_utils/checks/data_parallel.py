@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 #: The models :func:`engine_check_dp_step` can try the learner's step on.
 MODELS = ("mlp", "frozen_tied")
@@ -116,7 +116,7 @@ def dp_step_problem(results: list[dict[str, Any]], fn_name: str = "data_parallel
                     ) -> str | None:
     """The first problem in :func:`engine_check_dp_step`'s per-rank results, as a
     checked/expected/found/try message; ``None`` when both steps and the losses are right."""
-    from .feedback import feedback
+    from .feedback_format import feedback
 
     p = len(results)
     frozen = results[0].get("model") == "frozen_tied" if results else False

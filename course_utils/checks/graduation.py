@@ -101,7 +101,7 @@ def run_one_node(script: str | os.PathLike[str], args: Sequence[str] = (), nproc
                  timeout: float = 300, cwd: str | os.PathLike[str] | None = None) -> ScriptRun:
     """``torchrun --nnodes 1 --nproc-per-node nproc`` (c10d rendezvous on loopback) of
     ``script args``; killed after ``timeout`` seconds (the run then shows exit code ``None``)."""
-    from ..cluster.slurm_script import torchrun_args
+    from ..cluster.launchers.slurm_script import torchrun_args
 
     port = free_port("127.0.0.1")
     argv = torchrun_args(1, nproc, f"127.0.0.1:{port}", rdzv_id="unit6", torchrun=torchrun_path(),
@@ -339,9 +339,9 @@ def run_line_as_nodes(line: str, args: Sequence[str] = (), nnodes: int = 2, npro
 def batch_script(lines: Sequence[str], profile: Any = "slurm",
                  script_args: Sequence[str] = ()) -> str:
     """The whole batch script around the learner's key lines (their ``#SBATCH`` lines and
-    ``srun`` line; see :func:`course_utils.cluster.slurm_script.make_sbatch_script`),
+    ``srun`` line; see :func:`course_utils.cluster.launchers.slurm_script.make_sbatch_script`),
     ``script_args`` appended to the srun line."""
-    from ..cluster.slurm_script import make_sbatch_script
+    from ..cluster.launchers.slurm_script import make_sbatch_script
 
     extra = " ".join(shlex.quote(a) for a in script_args)
     own = [f"{ln} {extra}".rstrip() if ln.strip().startswith("srun") else ln for ln in lines]
@@ -352,7 +352,7 @@ def batch_problems(lines: Any, script: str = "train_ddp.py", nodes: int = 2) -> 
     """What the learner's batch-script lines get wrong: ``#SBATCH --nodes``, one task per
     node, one ``srun ... torchrun`` line with ``--nnodes`` matching, ``$NPROC_PER_NODE``,
     the c10d rendezvous on ``$RDZV_ENDPOINT``; then the script's syntax (``bash -n``)."""
-    from ..cluster.slurm_script import check_sbatch_script
+    from ..cluster.launchers.slurm_script import check_sbatch_script
 
     if not isinstance(lines, list | tuple) or not all(isinstance(x, str) for x in lines):
         return ["SBATCH_LINES must be a list of strings: #SBATCH lines and one srun line"]

@@ -32,7 +32,7 @@ def interface_addresses() -> dict[str, list[str]]:
 
 def engine_where() -> dict[str, Any]:
     """Who and where this rank is: host names, link address, interfaces and the dist env."""
-    from course_utils.cluster.engine import state
+    from course_utils.cluster.engines.engine import state
 
     st = state()
     return {

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 
 def frozen_tied_mlp(width: int = 256, depth: int = 4, seed: int = 0) -> Any:

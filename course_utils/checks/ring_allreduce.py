@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 from .common import learner_line
 
 
@@ -98,7 +98,7 @@ def ring_problem(results: list[dict[str, Any]], fn_name: str = "ring_all_reduce"
     """What went wrong in one :func:`engine_check_all_reduce` run (one dict per rank), as a
     checked/expected/found/try message; ``None`` when the result is right. Kernel side, pure.
     """
-    from .feedback import feedback
+    from .feedback_format import feedback
 
     n, p = results[0]["n"], len(results)
     checked = f"{fn_name}(t) on every rank, t of {n} random numbers ({p} ranks)"
@@ -213,7 +213,7 @@ def ring_bytes_problem(results: list[dict[str, Any]], fn_name: str = "ring_all_r
     int per rank, ``2(p-1)`` buffers summed over ranks, each rank's share, the count equal to
     what ``dist.isend`` really sent, no message over one chunk. ``None`` when right. Pure."""
     from ..torch_dist.p2p import ring_bytes
-    from .feedback import feedback
+    from .feedback_format import feedback
 
     n, p, size = results[0]["n"], len(results), results[0]["itemsize"]
     want = ring_bytes(n, p, size)
@@ -348,7 +348,7 @@ def engine_ring_calls(calls: list[tuple[str, list[Any]]]) -> list[Any]:
 
 def ring_crash_problem(fn_name: str, rank: int, said: str) -> str:
     """The message for a rank of the check's own that gloo aborted (pure)."""
-    from .feedback import feedback
+    from .feedback_format import feedback
 
     return feedback(
         f"{fn_name} on the check's own ranks", "every chunk received into a buffer of its size",
@@ -362,7 +362,7 @@ def ring_crash_problem(fn_name: str, rank: int, said: str) -> str:
 
 def feedback_side(fn_name: str, p: int, failed: list[str]) -> str:
     """The message for a probe that raised on the check's own ranks."""
-    from .feedback import feedback
+    from .feedback_format import feedback
 
     return feedback(f"{fn_name} on the check's own {p} ranks", "no error", failed[0],
                     "read the error: it is your function's, raised on these ranks."

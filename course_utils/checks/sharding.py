@@ -13,7 +13,7 @@ import math
 import time
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 from ..torch_dist import sharding
 from .common import learner_line
 

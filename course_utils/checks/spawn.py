@@ -160,7 +160,7 @@ class _NotJoined(Exception):
 
 
 def _one_world(spec: dict[str, Any], timeout: float, extra_env: dict[str, str]) -> list[Any]:
-    from ..cluster import engine_fork, fork_protocol
+    from ..cluster.launchers import fork_client, fork_protocol
     from ..cluster.ports import free_ports
     from ..torch_dist.process_group import loopback_ifname
 
@@ -172,7 +172,7 @@ def _one_world(spec: dict[str, Any], timeout: float, extra_env: dict[str, str]) 
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
                "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo", **extra_env}
         # an engine's own fork server, or the one this kernel's cluster runs: torch imported
-        server = fork_protocol.FORK_SERVER or engine_fork.own_server_socket()
+        server = fork_protocol.FORK_SERVER or fork_client.own_server_socket()
         target = "course_utils.checks.spawned_ranks"
         with open(Path(tmp) / "launcher.txt", "w") as err:
             proc = fork_protocol.fork_helper(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 #: What later cells of unit 4 read from the dict ``build_graph`` returns.
 GRAPH_KEYS = ("x", "y_", "W", "b", "logits", "loss", "accuracy", "global_step", "train_op")

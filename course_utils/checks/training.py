@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 
 def engine_check_checkpoint(fn_name: str, path: str, model_name: str = "ddp_model",
@@ -216,7 +216,7 @@ def engine_check_load(fn_name: str, folder: str, epoch: int = 5) -> dict[str, An
     import torch
     import torch.distributed as dist
 
-    from ..cluster.engine import px_name
+    from ..cluster.engines.engine import px_name
     from ..torch_dist import train
 
     fn = px_name(fn_name)

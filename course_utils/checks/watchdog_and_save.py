@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .. import settings
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 
 def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,

@@ -1,33 +1,25 @@
-"""The framework-free cluster layer: lifecycle, calls on ranks, rank map, profiles, ports.
+"""The framework-free cluster layer. Introduced in ``00_cluster_tour``. Nothing in this
+sub-package imports torch or TensorFlow: frameworks attach through
+:meth:`CourseCluster.on_restart` / :meth:`CourseCluster.on_stop`.
 
-Introduced in ``00_cluster_tour``. Nothing in this sub-package imports torch or TensorFlow:
-frameworks attach through :meth:`CourseCluster.on_restart` / :meth:`CourseCluster.on_stop`.
+A module's folder says in which process it runs:
 
-Modules, top to bottom:
-
-- :mod:`.lifecycle`: ``start`` (this kernel's current cluster), ``launch`` (a side cluster,
-  never current), ``stop``, ``restart``, ``stop_running``;
-- :mod:`.course_cluster`: ``CourseCluster``, calls on ranks (``run``, ``call``, ``pull``...);
-- :mod:`.launching`: controller and engines started and stopped; :mod:`.ssh_launcher`,
-  :mod:`.slurm` (engines on SSH hosts, as a Slurm job);
-- :mod:`.sharing`: one cluster shared by several kernels (busy queues, replaced engines);
-- :mod:`.stuck_calls`: calls that timed out, where each rank is stuck;
-- :mod:`.engine_errors`: errors from the engines as the course shows them;
-- :mod:`.controller`: the ipyparallel internals the course relies on, in one place;
-- :mod:`.cluster_files`: the cluster file and the course file beside it;
-- :mod:`.registry`: this kernel's current cluster; :mod:`.pxoutput`: ``%%px`` output by rank;
-  :mod:`.pxwait`: a ``%%px`` cell in which a rank raised fails in seconds;
-- :mod:`.ranks` (who is rank what), :mod:`.profiles` (local, ssh, slurm), :mod:`.ports`
-  (free ports on the host that listens), :mod:`.engine` (what runs *on* an engine: its report
-  about itself, its rank, calling a ``%%px``-defined function), :mod:`.slurm_script`.
+- :mod:`.kernel`: in the notebook's kernel (start, join, restart, stop; calls on ranks; ``%%px``
+  output and errors);
+- :mod:`.engines`: in each engine process (what the kernel calls there; the engine's entry);
+- :mod:`.launchers`: what starts the controller and the engines (local, forked from one
+  server; SSH; Slurm);
+- here, pure and used by all three: :mod:`.ranks` (who is rank what), :mod:`.profiles` (local,
+  ssh, slurm) and :mod:`.ports` (free ports on the host that listens).
 """
 
 from __future__ import annotations
 
-from . import engine, ports, profiles, ranks
-from .cluster_files import cluster_file, profile_dir
-from .course_cluster import CourseCluster
-from .lifecycle import current, launch, restart, start, stop, stop_running
+from . import ports, profiles, ranks
+from .engines import engine
+from .kernel.cluster_files import cluster_file, profile_dir
+from .kernel.course_cluster import CourseCluster
+from .kernel.lifecycle import current, launch, restart, start, stop, stop_running
 from .profiles import ClusterProfile, load_profile
 from .ranks import RankInfo, RankMap
 

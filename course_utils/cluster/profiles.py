@@ -3,7 +3,7 @@
 ``local``  engines on this machine (laptop, CI): the default.
 ``ssh``    engines on hosts reached over SSH (the two-GPU-host workshop), from a TOML file.
 ``slurm``  engines as a Slurm job, from a TOML file (``profiles/slurm.toml``; see
-           :mod:`course_utils.cluster.slurm`).
+           :mod:`course_utils.cluster.launchers.slurm`).
 
 A profile file (``profiles/two-hosts.toml`` is the worked example; unit 6 explains each field)::
 

@@ -63,7 +63,7 @@ def floor_s(n: int) -> float:
     plus a bare controller with ``n`` engines registering (our heartbeat, no course code)."""
     import ipyparallel as ipp
 
-    from ..cluster.launching import HEARTBEAT_MISSES, HEARTBEAT_MS
+    from ..cluster.launchers.launching import HEARTBEAT_MISSES, HEARTBEAT_MS
 
     t0 = time.perf_counter()
     procs = [subprocess.Popen([sys.executable, "-c", "import torch.distributed"])
@@ -88,7 +88,7 @@ def floor_s(n: int) -> float:
 
 def startup(n: int = 2, repeat: int = 200) -> dict[str, Any]:
     from .. import cluster, torch_dist
-    from ..cluster import registry
+    from ..cluster.kernel import registry
 
     # Warm the page cache for torch so neither contender pays the first disk read.
     subprocess.run([sys.executable, "-c", "import torch.distributed"], check=True)

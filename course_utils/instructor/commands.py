@@ -102,7 +102,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
 
 def cmd_feedback(args: argparse.Namespace) -> int:
-    from .feedback import feedback
+    from .feedback_html import feedback
 
     done = feedback(args.course, units=args.unit, students=args.student)
     failed = [f for f in done if not f.ok]

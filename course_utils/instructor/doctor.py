@@ -70,7 +70,7 @@ def check_tensorflow(timeout: float = 180) -> Check:
 
 
 def check_hardware() -> Check:
-    from ..cluster.engine import gpu_count
+    from ..cluster.engines.engine import gpu_count
 
     gpus = gpu_count()
     detail = f"{os.cpu_count()} CPU cores, {gpus} GPU(s) visible"
@@ -120,7 +120,7 @@ def check_cluster(engines: int, timeout: float, tf: bool = False,
 def check_exposure(cc, tf_ports: set[int]) -> Check:
     """What the course's processes listen on: only TF's gRPC servers may listen beyond the
     loopback address (TensorFlow cannot be told otherwise; docs/cluster.md says so)."""
-    from ..cluster import exposure
+    from ..cluster.kernel import exposure
 
     try:
         found = exposure.report(cc)

@@ -20,7 +20,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 
-from ..cluster import slurm
+from ..cluster.launchers import slurm
 from ..cluster.profiles import ClusterProfile, load_profile
 from ..errors import CourseError
 from .doctor import Check, check_cluster, check_python, version_check

@@ -86,7 +86,7 @@ class GradingCluster:
             first = (exc.cause or str(exc)).splitlines()[0]
             print(f"course grade: cluster {self.cluster_id} did not start ({first}); "
                   "trying once more on a fresh one", file=sys.stderr, flush=True)
-            from ..cluster import lifecycle
+            from ..cluster.kernel import lifecycle
 
             with contextlib.suppress(Exception):  # its files and controller; its processes
                 lifecycle.stop_running(self.cluster_id)  # are killed by their mark next
@@ -94,7 +94,7 @@ class GradingCluster:
         return time.perf_counter() - t0
 
     def _fresh(self) -> None:
-        from ..cluster import lifecycle
+        from ..cluster.kernel import lifecycle
 
         self._stop_cluster()
         if self.mark:
@@ -110,7 +110,7 @@ class GradingCluster:
                                   timeout=self.start_timeout)
 
     def _stop_cluster(self) -> None:
-        from ..cluster import lifecycle
+        from ..cluster.kernel import lifecycle
 
         if self.cc is not None:
             with contextlib.suppress(Exception):

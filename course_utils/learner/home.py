@@ -137,7 +137,7 @@ def read_cluster_facts(workdir: str | os.PathLike[str]) -> dict | None:
         facts = json.loads((Path(workdir) / CLUSTER_FACTS).read_text())
     except (OSError, ValueError):
         return None
-    from ..cluster.lifecycle import cluster_file
+    from ..cluster.kernel.lifecycle import cluster_file
 
     alive = True
     try:

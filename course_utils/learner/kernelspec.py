@@ -7,7 +7,7 @@ only a Jupyter started from this environment sees it, and its ``argv`` is this e
 interpreter. The learner's copies of the units ask for it (:func:`set_kernelspec`);
 ``course doctor`` checks it (:func:`kernel_health`).
 
-The kernel also loads :mod:`course_utils.cluster.pxoutput` as an IPython extension (``%%px``
+The kernel also loads :mod:`course_utils.cluster.kernel.pxoutput` as an IPython extension (``%%px``
 output labelled by rank, progress bars drawn in place).
 
 ``$COURSE_KERNEL_PREFIX`` installs elsewhere (tests point it at a temporary folder and add
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 KERNEL_NAME = "dist-training-course"
 DISPLAY_NAME = "Distributed training course"
 #: IPython extensions the course kernel loads at start.
-EXTENSIONS = ("course_utils.cluster.pxoutput",)
+EXTENSIONS = ("course_utils.cluster.kernel.pxoutput",)
 INSTALL_FIX = "run `course kernel` (or `course lab`) from the course's environment"
 
 

@@ -23,7 +23,7 @@ from .taskset import TaskSet, active, wait_ready
 def _kernel_address(cc: CourseCluster) -> str:
     if cc.profile.is_local:
         return "127.0.0.1"
-    from ..cluster.engine import route_address
+    from ..cluster.engines.engine import route_address
 
     return route_address(cc.ranks.master_addr)
 

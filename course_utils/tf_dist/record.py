@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 from .coordinator import watch_coordinator
 from .graph_v1 import task_of
 

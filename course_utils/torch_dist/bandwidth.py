@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 #: Bus-bandwidth correction factors, as nccl-tests defines them, for ``p`` ranks.
 _BUS_FACTORS: dict[str, Callable[[int], float]] = {

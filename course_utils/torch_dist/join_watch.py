@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 
 def engine_join(fn_name: str, *args: Any, cap_s: float = 20.0) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def engine_join(fn_name: str, *args: Any, cap_s: float = 20.0) -> dict[str, Any]
 
     import __main__
 
-    from ..cluster import engine
+    from ..cluster.engines import engine
 
     fn = px_name(fn_name, to_call=True)
     if dist.is_initialized():
@@ -125,7 +125,7 @@ def explain_join(outcomes: list[dict[str, Any]], master_addr: str, master_port: 
 
 def _claims_problem(outcomes: list[dict[str, Any]], checked: str, torch_said: str) -> str | None:
     """Whether every rank called ``init_process_group`` once, claiming its own rank."""
-    from ..checks.feedback import feedback
+    from ..checks.feedback_format import feedback
 
     p = len(outcomes)
     missing = [o["rank"] for o in outcomes if not o["claims"]]
@@ -163,7 +163,7 @@ def _call_problem(outcomes: list[dict[str, Any]], checked: str, torch_said: str,
                   timeout_s: float | None) -> str | None:
     """Whether every rank's call asked for the full world size, the master's URL and the
     timeout it was handed."""
-    from ..checks.feedback import feedback
+    from ..checks.feedback_format import feedback
 
     p = len(outcomes)
     sizes = sorted({o["claims"][-1]["world_size"] for o in outcomes})
@@ -189,7 +189,7 @@ def _call_problem(outcomes: list[dict[str, Any]], checked: str, torch_said: str,
 def _group_problem(outcomes: list[dict[str, Any]], checked: str, said: str, url: str
                    ) -> str | None:
     """Whether the calls raised nothing and left the group asked for, one that sums."""
-    from ..checks.feedback import feedback
+    from ..checks.feedback_format import feedback
 
     p = len(outcomes)
     if said:

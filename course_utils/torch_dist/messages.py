@@ -1,7 +1,8 @@
 """What known torch.distributed messages mean, for the learner (kernel side): a DETAIL-mode
 collective mismatch, a timed-out or closed process group, a missing group, each turned into the
-course's cause + fix. Registered with :mod:`course_utils.cluster.failures` on import (the process
-group module imports it), so a failing ``%%px`` cell or ``cluster.run`` says it in those words.
+course's cause + fix. Registered with :mod:`course_utils.cluster.kernel.failures` on import (the
+process group module imports it), so a failing ``%%px`` cell or ``cluster.run`` says it in those
+words.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ..cluster import failures
+from ..cluster.kernel import failures
 from ..errors import CollectiveMismatch, CourseError, ProcessGroupGone
 
 _FINGERPRINT = re.compile(

@@ -16,7 +16,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 
 def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:

@@ -267,7 +267,7 @@ def _engine_device(rank: int, local_rank: int, cuda: bool) -> Any:
 
     if not cuda:
         return torch.device("cpu")
-    # An engine pinned to its GPU (CUDA_VISIBLE_DEVICES, cluster.engine.pin_gpu) sees it as
+    # An engine pinned to its GPU (CUDA_VISIBLE_DEVICES, cluster.engines.engine.pin_gpu) sees it as
     # device 0; an unpinned one sees every GPU of its host and uses its local rank's.
     if torch.cuda.device_count() == 0:
         raise BackendUnavailable(

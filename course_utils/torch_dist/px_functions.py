@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 #: Names every rank gets from the course itself (never carried from an engine).
 RANK_NAMES = frozenset({"rank", "world_size", "local_rank", "host", "device"})

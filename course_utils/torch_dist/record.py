@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..cluster import CourseCluster, current
-from ..cluster.engine import px_name
+from ..cluster.engines.engine import px_name
 
 #: The seven collectives of the cheat sheet, in the order they are taught.
 COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather",

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cluster.slurm import SlurmError, parse_job, run_command
+from ..cluster.launchers.slurm import SlurmError, parse_job, run_command
 from .learner_env import source_places
 from .plan import Workshop
 from .render import CHECK_TOKEN_FILE

@@ -2,11 +2,11 @@
 and then who holds the GPUs it waits for, and for how long (a workshop with more learners
 than GPUs).
 
-:func:`engines_problem` is the hook of the wait for engines (cluster/launching.py). A job that
+:func:`engines_problem` is the hook of the wait for engines (launching.py). A job that
 waits in the queue (:data:`QUEUED_REASONS`) gets :func:`queue_message` printed once, in the
 learner's cell; when the wait runs out, the error ends with it too. The holders come from one
 ``scontrol -o show jobs`` (every job, one line each), parsed like
-:func:`course_utils.cluster.slurm.parse_job`; nothing here needs accounting (``sacct``).
+:func:`course_utils.cluster.launchers.slurm.parse_job`; nothing here needs accounting (``sacct``).
 """
 
 from __future__ import annotations
@@ -151,11 +151,11 @@ def _slurm_engine_sets(cl: ipp.Cluster) -> list[SlurmEngineSetLauncher]:
 
 def engines_problem(cl: ipp.Cluster, registered: int, n: int, timed_out: bool
                     ) -> SlurmJobError | None:
-    """Hook of the wait for engines (cluster/launching.py): the error to raise for a Slurm job
+    """Hook of the wait for engines (launching.py): the error to raise for a Slurm job
     stuck in the queue or ended, None to keep waiting (and for clusters without Slurm).
 
-    Looks at each job at most every :data:`~course_utils.cluster.slurm.POLL_S` seconds, and
-    always once timed out. A job in the queue is told once (:func:`queue_message`).
+    Looks at each job at most every :data:`~course_utils.cluster.launchers.slurm.POLL_S`
+    seconds, and always once timed out. A job in the queue is told once (:func:`queue_message`).
     """
     for es in _slurm_engine_sets(cl):
         now = time.monotonic()

@@ -13,8 +13,8 @@ import socket
 import tempfile
 from typing import Any
 
-from ..procs import pid_alive
-from ..settings import ENV_HOST_CUDA_DEVICES, ENV_NODE, env
+from ...procs import pid_alive
+from ...settings import ENV_HOST_CUDA_DEVICES, ENV_NODE, env
 
 #: What the last :func:`install` told this engine (rank, world size, ...).
 STATE: dict[str, Any] = {}

@@ -1,4 +1,4 @@
-"""A local engine process: ``python -m course_utils.cluster.ipyparallel_engine ARGS``.
+"""A local engine process: ``python -m course_utils.cluster.engines.ipyparallel_engine ARGS``.
 
 A local cluster starts its engines together with the controller, not after it (Python and
 ipyparallel take about as long to import as the controller takes to come up, so the two
@@ -9,13 +9,13 @@ parses, then runs ``ipyparallel.engine`` with the same arguments, in this proces
 command line name the engine, as process scans expect).
 
 Also imported here, while the controller starts: the engine side of the course
-(:mod:`course_utils.cluster.engine`, which the first call on an engine needs), and the modules
-named in ``$COURSE_ENGINE_PRELOAD`` (comma-separated), in a background thread that the engine
-does not wait for: a later ``import`` of one of them waits for that import to finish instead
-of doing it again.
+(:mod:`course_utils.cluster.engines.engine`, which the first call on an engine needs), and the
+modules named in ``$COURSE_ENGINE_PRELOAD`` (comma-separated), in a background thread that the
+engine does not wait for: a later ``import`` of one of them waits for that import to finish
+instead of doing it again.
 
-With forking on (the default, see :mod:`.engine_fork`) a local engine is instead a child of
-:mod:`.ipyparallel_fork_server`, which runs :func:`run_engine` in it.
+With forking on (the default, see :mod:`..launchers.fork_client`) a local engine is instead a
+child of :mod:`..launchers.ipyparallel_fork_server`, which runs :func:`run_engine` in it.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ import os
 import threading
 import time
 
-from .. import settings
-from ..settings import ENV_ENGINE_PRELOAD, env
+from ... import settings
+from ...settings import ENV_ENGINE_PRELOAD, env
 
 
 def connection_file(environ: dict[str, str] | None = None) -> str:
@@ -60,7 +60,7 @@ def preload(names: list[str]) -> None:
 
 
 #: What local engines run (``python -m MODULE ARGS``), and its file (their ``sys.argv[0]``).
-MODULE = "course_utils.cluster.ipyparallel_engine"
+MODULE = "course_utils.cluster.engines.ipyparallel_engine"
 ENGINE_FILE = __file__
 
 
@@ -84,8 +84,7 @@ def run_engine() -> None:
     # Imported while the controller starts: the engine needs both anyway.
     from ipyparallel.engine.app import main as engine_main
 
-    from . import engine  # noqa: F401
-    from .fork_protocol import FORK_SERVER
+    from ..launchers.fork_protocol import FORK_SERVER
 
     if "IPP_CONNECTION_INFO" not in os.environ:
         # After $COURSE_START_TIMEOUT the engine goes on: ipyparallel reports the missing file.

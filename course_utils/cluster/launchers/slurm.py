@@ -4,13 +4,14 @@ No notebook calls this module: ``COURSE_PROFILE=profiles/slurm.toml`` (docs/inst
 makes the same ``cu.start()`` of ``00_cluster_tour`` keep the controller in the kernel's
 process and submit the engines as one Slurm job through ipyparallel's Slurm launcher: one task
 per engine, ``srun`` starts them, each engine reports ``SLURM_PROCID`` / ``SLURM_LOCALID`` /
-``SLURM_NODEID`` (:func:`course_utils.cluster.engine.slurm_facts`) and the rank map follows them
-(:func:`course_utils.cluster.ranks.slurm_rank_map`: rank = ``SLURM_PROCID``).
+``SLURM_NODEID`` (:func:`course_utils.cluster.engines.engine.slurm_facts`) and the rank map
+follows them (:func:`course_utils.cluster.ranks.slurm_rank_map`: rank = ``SLURM_PROCID``).
 ``cu.stop()`` cancels the job (``scancel``).
 
 While ``cu.start()`` waits for the engines,
-:func:`course_utils.cluster.slurm_queue.engines_problem` asks Slurm about the job (``scontrol``,
-at most every :data:`POLL_S` seconds) and :func:`job_error` turns what it hears into a
+:func:`course_utils.cluster.launchers.slurm_queue.engines_problem` asks Slurm about the job
+(``scontrol``, at most every :data:`POLL_S` seconds) and :func:`job_error` turns what it hears
+into a
 :class:`SlurmJobError` naming the job id, its state and Slurm's reason, with a Fix line:
 
 * a job pending for a reason that cannot clear by waiting (:data:`NEVER_STARTS`, e.g.
@@ -36,11 +37,11 @@ from typing import TYPE_CHECKING, Any
 
 from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
 
-from ..errors import CourseError, EnginesDidNotStart
+from ...errors import CourseError, EnginesDidNotStart
 
 if TYPE_CHECKING:
 
-    from .profiles import ClusterProfile, SlurmSpec
+    from ..profiles import ClusterProfile, SlurmSpec
 
 POLL_S = 1.0
 """Seconds between two looks at a job's state while waiting for its engines."""
@@ -206,7 +207,7 @@ class SlurmEngines(SlurmEngineSetLauncher):
     directory, and turning sbatch/scancel failures into :class:`SlurmError` s."""
 
     # How the cluster file names this class, so `course stop` can cancel the job later.
-    entrypoint_name = "course_utils.cluster.slurm.SlurmEngines"
+    entrypoint_name = "course_utils.cluster.launchers.slurm.SlurmEngines"
 
     def __init__(self, work_dir: str = ".", config: Any = None, **kwargs: Any) -> None:
         super().__init__(work_dir=work_dir, config=config, **kwargs)

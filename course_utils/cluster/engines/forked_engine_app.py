@@ -1,4 +1,4 @@
-"""The engine application of a forked local engine (:mod:`.engine_fork`): ipyparallel's
+"""The engine application of a forked local engine (:mod:`..launchers.fork_client`): ipyparallel's
 ``IPEngine``, but its nanny (the process that relays signals to the engine and reports its
 death at once) is forked by the engine's fork server instead of being a fresh ``python`` that
 imports ipyparallel again (about 0.6 s of CPU and as much of the engine's start-up). A server
@@ -14,7 +14,7 @@ from typing import Any
 from ipyparallel.engine.app import IPEngine
 from traitlets.config import Config
 
-from . import fork_protocol
+from ..launchers import fork_protocol
 
 #: What the forked nanny runs: ipyparallel's own entry point (its kwargs pickled on stdin).
 NANNY_ENTRY = "ipyparallel.engine.nanny:main"

@@ -4,7 +4,7 @@ it in a collective, or for the chief) is reported after :data:`FAIL_FAST_S`, not
 others' own timeouts (:func:`first_failures`).
 
 A rank blocked in a collective answers no call, so :meth:`StuckCalls.where` reads the Python
-stacks the engines dump on a signal (:func:`course_utils.cluster.engine.enable_stack_dump`;
+stacks the engines dump on a signal (:func:`course_utils.cluster.engines.engine.enable_stack_dump`;
 engines on this machine only), and a call's timeout error names each rank's line.
 """
 
@@ -17,11 +17,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ClusterTimeout, ProcessGroupGone
-from ..procs import cmdline
-from . import engine
+from ...errors import ClusterTimeout, ProcessGroupGone
+from ...procs import cmdline
+from ..engines import engine
+from ..ranks import RankMap
 from .failures import on_hosts, rank_list
-from .ranks import RankMap
 
 #: Seconds a call waits for its other ranks once one rank raised: a mistake on every rank
 #: fails on all of them within it; a rank still running after it waits for the failed one.

@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..settings import ENV_THREADS
-from .profiles import ClusterProfile, load_profile
+from ...settings import ENV_THREADS
+from ..profiles import ClusterProfile, load_profile
 
 #: The module every launcher runs: unit 3's training as a script.
 SCRIPT_MODULE = "course_utils.torch_dist.ddp_script"
@@ -242,7 +242,8 @@ def make_sbatch_script(
         what = "your training script"
     lines = ["#!/bin/bash",
              f"# {what} on {job.nodes} node(s) x {job.nproc} process(es), made by",
-             f"# course_utils.cluster.slurm_script from profile {prof.name!r}. Submit: sbatch FILE",
+             f"# course_utils.cluster.launchers.slurm_script from profile {prof.name!r}. "
+             "Submit: sbatch FILE",
              f"# (the log, one JSON line per rank at the end, goes to {output} in the",
              "# directory sbatch runs in; %j is the job id).",
              *(f"#SBATCH {s}" for s in sb),

@@ -42,9 +42,10 @@ from ipyparallel.cluster.launcher import (
     ProcessStateError,
 )
 
-from .. import procs, settings
-from ..settings import ENV_ENGINE_FORK, env
-from . import fork_protocol, ipyparallel_engine
+from ... import procs, settings
+from ...settings import ENV_ENGINE_FORK, env
+from ..engines import ipyparallel_engine
+from . import fork_protocol
 from . import ipyparallel_fork_server as fork_server
 
 ENV_FORK = ENV_ENGINE_FORK
@@ -205,8 +206,8 @@ def _own_connection(python: str, env: dict[str, str], cwd: str) -> socket.socket
 
 def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str) -> int:
     """Have a server fork an engine running ``args`` (``python -m
-    course_utils.cluster.ipyparallel_engine ...``) with ``env`` in ``cwd``, its output appended
-    to ``output_file``; the engine's pid. This process's own server for ``env`` if it runs,
+    course_utils.cluster.engines.ipyparallel_engine ...``) with ``env`` in ``cwd``, its output
+    appended to ``output_file``; the engine's pid. This process's own server for ``env`` if it runs,
     else another process's for the same cluster, else a new one of this process."""
     # ipyparallel's own module too: a kernel that joined the cluster (Cluster.from_file) has
     # ipyparallel's default engine command; the child runs the same engine either way
@@ -287,4 +288,4 @@ class ForkedEngineSetLauncher(LocalEngineSetLauncher):
 
     launcher_class = ForkedEngineLauncher
     #: How the cluster file names this class (a kernel joining the cluster imports it back).
-    entrypoint_name = "course_utils.cluster.engine_fork.ForkedEngineSetLauncher"
+    entrypoint_name = "course_utils.cluster.launchers.fork_client.ForkedEngineSetLauncher"

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from ..errors import CourseError, EngineError
+from ...errors import CourseError, EngineError
 
 #: Ranks listed one by one before the rest are summarised.
 MAX_GROUPS = 4

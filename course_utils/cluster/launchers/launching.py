@@ -1,6 +1,6 @@
 """Launching and stopping the processes of a cluster: controller and engines.
 
-Framework-free and below :class:`~course_utils.cluster.course_cluster.CourseCluster`: these
+Framework-free and below :class:`~course_utils.cluster.kernel.course_cluster.CourseCluster`: these
 functions work on an ``ipyparallel.Cluster``. The stop set is two functions:
 :func:`stop_engines` (the engines only: a restart) and :func:`stop_cluster` (engines,
 controller and files: the end). The public lifecycle (``cu.start()``, ``cu.stop()``,
@@ -21,12 +21,13 @@ from typing import Any
 import ipyparallel as ipp
 from ipyparallel.cluster.launcher import LocalProcessLauncher
 
-from .. import settings
-from ..errors import CourseError, EnginesDidNotStart
-from . import engine, engine_fork, ipyparallel_engine, slurm, slurm_queue
-from .cluster_files import course_file_of, owner_only, profile_dir, remove_stale
-from .profiles import ClusterProfile
-from .sharing import adopt_recorded_engines
+from ... import settings
+from ...errors import CourseError, EnginesDidNotStart
+from ..engines import engine, ipyparallel_engine
+from ..kernel.cluster_files import course_file_of, owner_only, profile_dir, remove_stale
+from ..kernel.sharing import adopt_recorded_engines
+from ..profiles import ClusterProfile
+from . import fork_client, slurm, slurm_queue
 
 HEARTBEAT_MS = 500
 HEARTBEAT_MISSES = 20
@@ -34,7 +35,7 @@ HEARTBEAT_MISSES = 20
 # asks the moment the connection file is written, before the controller is ready to answer.
 REGISTRATION_S = 30
 #: The module local engines run (see its docstring).
-ENGINE_MODULE = "course_utils.cluster.ipyparallel_engine"
+ENGINE_MODULE = "course_utils.cluster.engines.ipyparallel_engine"
 
 
 def cluster_kwargs(prof: ClusterProfile) -> dict[str, Any]:
@@ -44,14 +45,14 @@ def cluster_kwargs(prof: ClusterProfile) -> dict[str, Any]:
     the shared link's address for SSH hosts (never every interface).
     """
     if prof.launcher == "local":
-        # engines forked from one process that imported torch once (engine_fork.py)
-        engines = engine_fork.ForkedEngineSetLauncher if engine_fork.enabled() else "local"
+        # engines forked from one process that imported torch once (fork_client.py)
+        engines = fork_client.ForkedEngineSetLauncher if fork_client.enabled() else "local"
         return {"engines": engines, "controller_ip": "127.0.0.1"}
     if prof.launcher == "slurm":  # the controller stays here, the engines are one Slurm job
         return slurm.cluster_kwargs(prof)
     from traitlets.config import Config
 
-    from .ssh_launcher import CourseSSHEngineSetLauncher
+    from .ssh import CourseSSHEngineSetLauncher
 
     cfg = Config()
     for key, value in prof.ssh_launcher_settings({}, ".ipython/profile_course").items():
@@ -118,12 +119,12 @@ def prestart_fork_server(cl: ipp.Cluster, prof: ClusterProfile, n: int,
     starts (the same environment as :func:`start_engines` gives the engines); it must answer
     within ``timeout`` s, else the engines start as their own processes."""
     if not prof.is_local or not isinstance(cl.engine_launcher_class, type) or not issubclass(
-            cl.engine_launcher_class, engine_fork.ForkedEngineSetLauncher):
+            cl.engine_launcher_class, fork_client.ForkedEngineSetLauncher):
         return
     cmd = cl.config.LocalEngineSetLauncher.engine_cmd
     env = {**os.environ, "IPP_CLUSTER_ID": cl.cluster_id, "IPP_PROFILE_DIR": cl.profile_dir,
            **engine_env(prof, n, preload)}
-    engine_fork.prestart(cmd[0], env, timeout)
+    fork_client.prestart(cmd[0], env, timeout)
 
 
 def start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int,
@@ -135,7 +136,7 @@ def start_engines(cl: ipp.Cluster, prof: ClusterProfile, n: int,
     if prof.launcher != "ssh":
         cl.start_engines_sync(n, environment=env)
         return
-    from .ssh_launcher import start_ssh_engines
+    from .ssh import start_ssh_engines
 
     start_ssh_engines(cl, prof, n, env)
 
@@ -185,7 +186,7 @@ def stop_cluster(cl: ipp.Cluster, kill: bool = False) -> None:
     """
     adopt_recorded_engines(cl)
     stop_engines(cl, kill=kill)
-    engine_fork.stop_fork_servers(cl.cluster_id)
+    fork_client.stop_fork_servers(cl.cluster_id)
     with contextlib.suppress(Exception):
         engine.remove_stale_stack_files()
     controller_pid = (cl.controller.pid if isinstance(cl.controller, LocalProcessLauncher)
@@ -256,7 +257,7 @@ def wait_for_engines(cl: ipp.Cluster, client: ipp.Client, n: int, timeout: float
         fresh = [e for e in client.ids if e not in exclude]
         if len(fresh) >= n:
             return
-        # Hook: a Slurm job stuck in the queue or ended says so itself (cluster/slurm_queue.py).
+        # Hook: a Slurm job stuck in the queue or ended says so itself (slurm_queue.py).
         stuck = slurm_queue.engines_problem(cl, len(fresh), n, time.monotonic() > deadline)
         if stuck is not None:
             stop_cluster(cl)

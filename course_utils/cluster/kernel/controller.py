@@ -9,7 +9,7 @@ its ``_stop_waiting`` event. ``tests/test_cluster.py`` exercises every function 
 real engines.
 
 Three other modules touch ipyparallel internals, each for its own reason and said there:
-:mod:`.pxoutput` (how a ``%%px`` cell's output is labelled), :mod:`.engine_fork` and
+:mod:`.pxoutput` (how a ``%%px`` cell's output is labelled), :mod:`..launchers.fork_client` and
 :mod:`.forked_engine_app` (engines and nannies forked from one server).
 """
 

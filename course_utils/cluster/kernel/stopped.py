@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..errors import ClusterNotRunning
+from ...errors import ClusterNotRunning
 
 
 def stopped_error(cluster_id: str, stopped_it: bool, since: float) -> ClusterNotRunning:

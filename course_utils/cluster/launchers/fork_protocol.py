@@ -14,7 +14,7 @@ import struct
 import time
 from typing import Any
 
-from .. import procs
+from ... import procs
 
 #: Set in a fork server (and so in all its children): its socket. None in a process that no
 #: server forked (an exec'd engine starts its helpers as their own ``python``).

@@ -25,10 +25,12 @@ from collections.abc import Sequence
 
 import ipyparallel as ipp
 
-from .. import settings
-from ..errors import ClusterNotRunning, WorldSizeMismatch
-from ..procs import pid_alive
-from . import controller, launching, registry
+from ... import settings
+from ...errors import ClusterNotRunning, WorldSizeMismatch
+from ...procs import pid_alive
+from ..launchers import launching
+from ..profiles import ClusterProfile, load_profile
+from . import controller, registry
 from .cluster_files import (
     cluster_file,
     course_file,
@@ -37,7 +39,6 @@ from .cluster_files import (
     write_course_file,
 )
 from .course_cluster import CourseCluster
-from .profiles import ClusterProfile, load_profile
 from .sharing import busy_line
 
 __all__ = ["CourseCluster", "cluster_file", "course_file", "current", "launch", "profile_dir",

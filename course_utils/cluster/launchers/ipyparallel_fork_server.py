@@ -1,10 +1,10 @@
 """The fork server of a cluster's local engines: ``python -m
-course_utils.cluster.ipyparallel_fork_server --socket=PATH`` (started by :mod:`.engine_fork`,
-which explains why). It imports what every engine imports, then listens on the Unix socket
-``PATH``; each connection asks for one engine (its arguments, environment, working directory,
-stdin and output file) and gets the pid of a forked child that runs
-:func:`.ipyparallel_engine.run_engine`. Its children show its command line (``ipyparallel``
-in it, as process scans of engines expect).
+course_utils.cluster.launchers.ipyparallel_fork_server --socket=PATH`` (started by
+:mod:`.fork_client`, which explains why). It imports what every engine imports, then listens on
+the Unix socket ``PATH``; each connection asks for one engine (its arguments, environment, working
+directory, stdin and output file) and gets the pid of a forked child that runs
+:func:`..engines.ipyparallel_engine.run_engine`. Its children show its command line
+(``ipyparallel`` in it, as process scans of engines expect).
 
 A forked engine asks the same server (:func:`.fork_protocol.fork_call`) for the helper
 processes it would otherwise start as a fresh ``python``: ipyparallel's nanny (which relays
@@ -27,15 +27,15 @@ import sys
 import time
 from typing import Any
 
+from ..engines.ipyparallel_engine import ENGINE_FILE, preload_names, run_engine
 from . import fork_protocol
-from .ipyparallel_engine import ENGINE_FILE, preload_names, run_engine
 
 #: What the server imports before it forks (the course's engine side is imported as well).
 PRELOAD = ("torch", "ipyparallel.engine.app", "ipyparallel.engine.kernel")
 #: Seconds a server without children waits for another request before it exits.
 IDLE_S = 60.0
 #: This module, as the server's command line names it.
-MODULE = "course_utils.cluster.ipyparallel_fork_server"
+MODULE = "course_utils.cluster.launchers.ipyparallel_fork_server"
 
 
 def _run_request(request: dict[str, Any]) -> None:
@@ -117,7 +117,6 @@ def serve(path: str) -> None:
     for name in (*PRELOAD, *preload_names()):
         with contextlib.suppress(Exception):
             __import__(name)
-    from . import engine  # noqa: F401  (the engine side of the course, as an engine imports)
 
     # SIGTERM (cu.stop()) ends the loop below, so that the socket file is removed
     signal.signal(signal.SIGTERM, _exit_on_signal)

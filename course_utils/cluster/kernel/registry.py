@@ -1,9 +1,9 @@
 """This kernel's current cluster: the one ``cu.current()`` returns and ``%%px`` runs on.
 
 Kept apart from the lifecycle so that modules the lifecycle itself uses (the ``%%px`` output
-labels in :mod:`.pxoutput`, the error display in :mod:`.engine_errors`) can ask for it
+labels in :mod:`.pxoutput`, the error display in :mod:`.remote_errors`) can ask for it
 without importing the lifecycle back. A kernel has at most one current cluster; clusters made
-with :func:`course_utils.cluster.lifecycle.launch` are never current.
+with :func:`course_utils.cluster.kernel.lifecycle.launch` are never current.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ _current: Any = None
 
 
 def current_or_none() -> Any:
-    """The current :class:`~course_utils.cluster.course_cluster.CourseCluster`, or None."""
+    """The current :class:`~course_utils.cluster.kernel.course_cluster.CourseCluster`, or None."""
     return _current
 
 

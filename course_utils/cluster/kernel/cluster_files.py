@@ -16,8 +16,8 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from .. import settings
-from .ranks import RankInfo, RankMap
+from ... import settings
+from ..ranks import RankInfo, RankMap
 
 
 def profile_dir(name: str | None = None) -> str:

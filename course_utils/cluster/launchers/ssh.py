@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 from ipyparallel.cluster.launcher import SSHEngineLauncher, SSHEngineSetLauncher
 
-from ..errors import EnginesDidNotStart
+from ...errors import EnginesDidNotStart
 
 if TYPE_CHECKING:
     import ipyparallel as ipp
 
-    from .profiles import ClusterProfile
+    from ..profiles import ClusterProfile
 
 #: ssh commands per host (kill) give up after this many seconds.
 SSH_COMMAND_TIMEOUT = 20.0
@@ -115,7 +115,7 @@ class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
     #: How the cluster file names this class. ipyparallel writes ``module:Class`` for classes
     #: outside its entry points, which it cannot import back; a kernel joining ``course lab``'s
     #: cluster (``Cluster.from_file``) needs the dotted name.
-    entrypoint_name = "course_utils.cluster.ssh_launcher.CourseSSHEngineSetLauncher"
+    entrypoint_name = "course_utils.cluster.launchers.ssh.CourseSSHEngineSetLauncher"
 
     def _engine_kwargs(self) -> dict[str, Any]:
         # The traits every engine launcher inherits from this set (as ipyparallel does).
@@ -297,7 +297,7 @@ class CourseSSHEngineSetLauncher(SSHEngineSetLauncher):
 _MARK = "@@course-engine-output-"
 
 
-# ---- starting a profile's SSH hosts (called by cluster/launching.py) ---------------------------
+# ---- starting a profile's SSH hosts (called by launching.py) ---------------------------
 def remote_profile_base(pdir: str) -> str:
     """Where SSH hosts keep their copy of the profile: like ipyparallel, relative to the remote
     home when the local profile is under this home (``.ipython/profile_course``)."""

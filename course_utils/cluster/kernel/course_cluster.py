@@ -5,7 +5,7 @@ Introduced in ``00_cluster_tour`` (``cluster.run``, ``call``, ``pull``, ``push``
 :meth:`CourseCluster.on_restart` / :meth:`CourseCluster.on_stop`; this module imports neither
 torch nor TensorFlow. The helpers it leans on, one concern each: :mod:`.launching` (processes),
 :mod:`.sharing` (other kernels on the same engines), :mod:`.stuck_calls` (timeouts, stacks),
-:mod:`.engine_errors` (errors from the engines), :mod:`.controller` (ipyparallel internals).
+:mod:`.remote_errors` (errors from the engines), :mod:`.controller` (ipyparallel internals).
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from .. import settings
-from ..errors import (
+from ... import settings
+from ...errors import (
     ClusterNotRunning,
     ClusterTimeout,
     EngineError,
     ProcessGroupGone,
     WorldSizeMismatch,
 )
-from . import controller, engine, launching, registry, sharing, stopped
+from ..engines import engine
+from ..launchers import launching
+from ..profiles import ClusterProfile
+from ..ranks import RankMap, build_rank_map
+from . import controller, registry, sharing, stopped
 from .cluster_files import read_rank_map, write_course_file
-from .engine_errors import engine_error, ipython, show_engine_errors_plainly
 from .failures import rank_list
-from .profiles import ClusterProfile
-from .ranks import RankMap, build_rank_map
+from .remote_errors import engine_error, ipython, show_engine_errors_plainly
 from .stuck_calls import StuckCalls, first_failures, queued_behind_others, ranks_of
 
 Hook = Callable[["CourseCluster"], Any]

@@ -160,5 +160,5 @@ def install() -> bool:
 
 
 def load_ipython_extension(ip: Any) -> None:
-    """``%load_ext course_utils.cluster.pxoutput`` (the course kernel loads it at start)."""
+    """``%load_ext course_utils.cluster.kernel.pxoutput`` (the course kernel loads it at start)."""
     install()

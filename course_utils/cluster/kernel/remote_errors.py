@@ -13,9 +13,9 @@ from typing import Any
 
 import ipyparallel as ipp
 
-from ..errors import CourseError, EngineError, ProcessGroupGone
+from ...errors import CourseError, EngineError, ProcessGroupGone
+from ..ranks import RankMap
 from . import failures, pxwait, registry
-from .ranks import RankMap
 
 _DIED = re.compile(r"Engine (\d+) died")
 
