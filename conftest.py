@@ -8,9 +8,9 @@ import fcntl
 import os
 import tempfile
 
-#: Inside nbval's run of each notebook: the mistakes catalogue (tests/catalogue.py), and the
-#: re-runs of three notebooks in the same kernel (tests/rerun_items.py).
-pytest_plugins = ["tests.catalogue", "tests.rerun_items"]
+#: Inside nbval's run of each notebook: the mistakes catalogue, the stubs and the re-runs
+#: (tests/notebook_items, one plugin).
+pytest_plugins = ["tests.notebook_items"]
 
 
 def pytest_configure(config) -> None:

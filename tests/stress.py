@@ -14,7 +14,7 @@ every run, by design, and is listed as such. The summary (one line
 per notebook and version, then every failed cell with its first error line) is printed and
 written as JSON to ``--out``. ``tests/test_stress.py`` keeps the classification honest on a small
 notebook; the default suite runs every notebook once (nbval) and a few twice
-(``tests/rerun_items.py``).
+(``tests/notebook_items/rerun.py``).
 """
 
 from __future__ import annotations

@@ -51,10 +51,12 @@ WITHIN_S = 30
 
 
 def _meta(grade_id: str, *, solution: bool = False, points: int = 0) -> dict:
-    """The nbgrader metadata the page's table gives each kind of cell."""
-    return {"nbgrader": {"grade": points > 0, "grade_id": grade_id, "locked": not solution,
+    """The metadata the page's table gives each kind of cell: nbgrader's, and the exercise a
+    solution or test belongs to."""
+    meta = {"nbgrader": {"grade": points > 0, "grade_id": grade_id, "locked": not solution,
                          "schema_version": 3, "solution": solution, "task": False,
                          **({"points": points} if points else {})}}
+    return {**meta, "course": {"exercise": "ex3"}} if solution or points else meta
 
 
 def add_exercise(notebook: Path) -> None:

@@ -1,5 +1,5 @@
-"""Local engines forked from one server (course_utils/cluster/fork_client.py), against real
-ipyparallel engines: what an exec'd engine had, a forked one has too."""
+"""Local engines forked from one server (course_utils/cluster/launchers/fork_client.py),
+against real ipyparallel engines: what an exec'd engine had, a forked one has too."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ File /venv/lib/python3.11/site-packages/ipyparallel/engine/kernel.py:157, in do_
 File <string>:1
 ----> 1 'Could not get source, probably due dynamically evaluated source code.'
 
-File /work/course/course_utils/cluster/engine.py:72, in call_named(name, args, kwargs)
+File /work/course/course_utils/cluster/engines/engine.py:72, in call_named(name, args, kwargs)
 ---> 72 return fn(*args, **kwargs)
 
 Cell In[1], line 6, in learner_step(x)

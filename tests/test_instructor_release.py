@@ -134,7 +134,7 @@ def test_visible_tests_say_what_was_expected():
 def test_the_release_hands_out_exactly_the_visible_tests(course):
     """Each unit's student version has its graded test cells, in order, and nothing else graded.
     That each of them fails on the student version, executed, is checked exercise by exercise
-    in ``tests/catalogue.py`` (``stub_*``); unit 0's untouched release is graded whole in
+    in ``tests/notebook_items`` (``stub_*``); unit 0's untouched release is graded whole in
     ``test_instructor_grade.py``."""
     for u in course.units:
         assert graded_test_ids(read_nb(u.release)) == list(u.tests), u.source.name

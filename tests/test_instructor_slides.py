@@ -32,6 +32,12 @@ def _code(text: str, gid: str = "", **nbg) -> nbformat.NotebookNode:
     return nbformat.v4.new_code_cell(text, metadata=meta)
 
 
+def _teardown(text: str) -> nbformat.NotebookNode:
+    cell = _code(text, "stop")
+    cell.metadata["course"] = {"teardown": True}
+    return cell
+
+
 def lesson() -> nbformat.NotebookNode:
     return nbformat.v4.new_notebook(cells=[
         _md("# Unit 9 — Title\n\nIntro text.", "intro"),          # 0 title
@@ -49,7 +55,7 @@ def lesson() -> nbformat.NotebookNode:
         _code("assert f() == 42, f()\n### BEGIN HIDDEN TESTS\nassert f() + 1 == 43\n"
               "### END HIDDEN TESTS", "ex1-test", grade=True, points=1),  # 11 skip
         _md("## Teardown", "teardown-md"),                        # 12 slide
-        _code("cu.stop()", "teardown"),                           # 13 skip
+        _teardown("cu.stop()"),                                   # 13 skip
     ])
 
 

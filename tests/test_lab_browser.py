@@ -65,13 +65,13 @@ def solve(copy: Path, exercises_wanted: set[str] | None = None) -> nbformat.Note
     """The learner's copy with the instructor's solution in each exercise cell (markers gone)."""
     nb = lessons.read(copy)
     source = lessons.read(lessons.NOTEBOOK_DIR / copy.name)
-    solved = {notebook_cells.nbgrader_meta(c)["grade_id"]: c.source for c in source.cells
+    solved = {notebook_cells.grade_id(c): c for c in source.cells
               if notebook_cells.is_solution_cell(c)}
     for cell in nb.cells:
-        gid = notebook_cells.nbgrader_meta(cell).get("grade_id", "")
+        gid = notebook_cells.grade_id(cell)
         if gid in solved and (exercises_wanted is None
-                              or workspace.exercise_of(gid) in exercises_wanted):
-            cell.source = "\n".join(ln for ln in solved[gid].splitlines()
+                              or notebook_cells.exercise(solved[gid]) in exercises_wanted):
+            cell.source = "\n".join(ln for ln in solved[gid].source.splitlines()
                                     if "### BEGIN SOLUTION" not in ln
                                     and "### END SOLUTION" not in ln)
     return nb

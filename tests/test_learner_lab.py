@@ -86,7 +86,7 @@ def test_install_wraps_ipyparallels_display_once():
         seen = []
         ar.publish_display_data = lambda data, *a, **k: seen.append(data["text/plain"])
         ar._raw_text = lambda s: seen.append(s)
-        from course_utils.cluster import pxoutput, registry
+        from course_utils.cluster.kernel import pxoutput, registry
         from types import SimpleNamespace
         ranks = {5: SimpleNamespace(rank=0), 4: SimpleNamespace(rank=1)}
         by_engine = SimpleNamespace(by_engine=ranks.__getitem__)
@@ -117,7 +117,7 @@ def test_replayed_output_keeps_one_display_per_engine():
             shown[did] = data["text/plain"]
         ar.publish_display_data = publish
         ar.get_ipython = lambda: SimpleNamespace(kernel=object())
-        from course_utils.cluster import pxoutput
+        from course_utils.cluster.kernel import pxoutput
         assert pxoutput.install()
         result = SimpleNamespace(_already_streamed={})
         cb = ar.AsyncResult._iopub_streaming_output_callback
@@ -357,7 +357,9 @@ def test_units_exercises_and_test_states(tmp_path, sources):
     found = workspace.exercises(nb)
     assert sorted(found) == ["ex1", "ex2", "ex3", "ex4", "predict"]
     assert all(v["tests"] for v in found.values())
-    assert workspace.exercise_of("ex2-test-bytes") == "ex2"
+    ex2_test = nb.cells[found["ex2"]["tests"][0]]
+    assert workspace.exercise_named(nb, "ex2") == "ex2"
+    assert workspace.exercise_named(nb, ex2_test.metadata.nbgrader.grade_id) == "ex2"
     status = workspace.unit_status(wd / sources[1].name)
     assert status.summary() == "not run yet" and len(status.tests) == 5
     t1, t2, t3, t4, t5 = (nb.cells[found[e]["tests"][0]]

@@ -1,5 +1,5 @@
 """The mistakes catalogue's files, checked without a kernel. The catalogue itself runs inside
-nbval's run of each notebook (:mod:`tests.catalogue`, a plugin loaded by ``conftest.py``):
+nbval's run of each notebook (:mod:`tests.notebook_items`, a plugin loaded by ``conftest.py``):
 ``pytest notebooks/04_tf_classic_ps.ipynb -k u04_loss_on_ps`` runs one mistake."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import copy
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
 from course_utils.instructor.graded_tests import with_solution
 from course_utils.notebook_cells import is_test_cell, nbgrader_meta
-from tests.catalogue import ENTRIES, MISTAKES, STUBS, Stub, cell_order, index_of, load
+from tests.notebook_items.entries import ENTRIES, MISTAKES, STUBS, Stub, cell_order, index_of, load
 
 
 def test_every_graded_test_is_run_on_a_student_version():
@@ -33,8 +33,6 @@ def test_catalogue_files_are_well_formed():
         assert s < f and is_test_cell(nb.cells[f]), f"{path.name}: FAILS must be a later test"
         with_solution(copy.deepcopy(nb), mod.GRADE_ID, mod.BODY,
                       getattr(mod, "REGION", 0))  # the region exists
-
-
 
 
 def test_every_entry_sits_at_a_solution_cell_of_a_lesson():

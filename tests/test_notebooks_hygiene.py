@@ -8,7 +8,14 @@ import nbformat
 import pytest
 
 from course_utils.assignments.lessons import read, source_notebooks
-from course_utils.notebook_cells import is_solution_cell, is_test_cell, nbgrader_meta
+from course_utils.notebook_cells import (
+    exercise,
+    exercise_cells,
+    is_solution_cell,
+    is_teardown,
+    is_test_cell,
+    nbgrader_meta,
+)
 
 NOTEBOOKS = source_notebooks()
 IDS = [p.name for p in NOTEBOOKS]
@@ -55,6 +62,22 @@ def test_nbgrader_metadata(path):
     for c in solutions:
         assert "### BEGIN SOLUTION" in c.source and "### END SOLUTION" in c.source, (
             nbgrader_meta(c)["grade_id"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_every_test_and_solution_names_its_exercise_and_each_test_follows_a_solution(path):
+    """``metadata.course.exercise`` pairs tests with solutions (the catalogue's stubs, the
+    learner's ``course solution``); one teardown, marked, is the last code cell."""
+    cells = read(path).cells
+    unnamed = [nbgrader_meta(c)["grade_id"] for c in cells
+               if (is_solution_cell(c) or is_test_cell(c)) and not exercise(c)]
+    assert not unnamed, f"{path.name}: give these cells metadata.course.exercise: {unnamed}"
+    for name, found in exercise_cells(cells).items():
+        assert found["solution"] and found["tests"], f"{path.name}: {name} lacks a solution or test"
+        assert found["solution"][0] < found["tests"][0], f"{path.name}: {name}'s test comes first"
+    code = [c for c in cells if c.cell_type == "code"]
+    assert is_teardown(code[-1]) and not any(is_teardown(c) for c in code[:-1]), (
+        f"{path.name}: mark the last code cell, and only it, metadata.course.teardown")
 
 
 def _names_a_learner_must_write(source: str) -> set[str]:

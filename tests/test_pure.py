@@ -442,3 +442,25 @@ def test_notebook_cells_find_by_grade_id_or_cell_id_in_nbformat_and_json():
         assert nc.find_cell(cells, "nope") is None
         assert nc.without_px(nc.source_text(nc.find_cell(cells, "ex1"))) == "x = 1"
     assert nc.nbgrader_meta(raw["cells"][0]) == {}
+
+
+def test_notebook_cells_pair_tests_and_solutions_by_exercise_metadata_not_by_grade_id():
+    from course_utils import notebook_cells as nc
+
+    def cell(gid, *, solution=False, grade=False, exercise=None, cell_type="code", **course):
+        meta = {"nbgrader": {"grade_id": gid, "solution": solution, "grade": grade}}
+        if exercise or course:
+            meta["course"] = {**({"exercise": exercise} if exercise else {}), **course}
+        return {"cell_type": cell_type, "metadata": meta, "source": ""}
+
+    cells = [cell("ex1-solution", solution=True, exercise="ex1"),
+             cell("ex1-lesson"),                                   # no exercise: a lesson
+             cell("check-shards", grade=True, exercise="ex1"),     # paired, whatever its name
+             cell("ex1-test", grade=True, exercise="predict"),     # a name's prefix pairs nothing
+             cell("predict-solution", solution=True, exercise="predict"),
+             cell("written", solution=True, grade=True, exercise="essay", cell_type="markdown"),
+             cell("stop", teardown=True), cell("teardown-md", cell_type="markdown")]
+    assert nc.exercise_cells(cells) == {"ex1": {"solution": [0], "tests": [2]},
+                                        "predict": {"solution": [4], "tests": [3]}}
+    assert [nc.exercise(c) for c in cells[:3]] == ["ex1", "", "ex1"]
+    assert [nc.is_teardown(c) for c in cells] == [False] * 6 + [True, False]

@@ -1,6 +1,6 @@
 """What makes re-running safe. The re-runs themselves happen inside nbval's run
-(:mod:`tests.rerun_items`): units 1 and 4 whole again in the same kernel after their teardown,
-unit 3's cells again against the live cluster before it."""
+(:mod:`tests.notebook_items.rerun`): units 1 and 4 whole again in the same kernel after their
+teardown, unit 3's cells again against the live cluster before it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.rerun_items import PLANS, is_teardown
+from course_utils.notebook_cells import is_teardown
+from tests.notebook_items.rerun import PLANS
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 

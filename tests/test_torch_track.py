@@ -2,7 +2,7 @@
 
 Pure tests run anywhere; ``cluster`` tests use real engines and a real gloo group; the
 mistakes learners make live in the catalogue (``tests/mistakes/``, run by
-``tests/catalogue.py``, inside nbval's runs).
+``tests/notebook_items``, inside nbval's runs).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 computed by hand, the sampler picture's data, the checkpoint written as if from a GPU.
 
 What needs engines (the graded checks on 2 and 3 ranks, the planted mistakes) is in
-the mistakes catalogue (``tests/catalogue.py``, inside the notebooks' own runs).
+the mistakes catalogue (``tests/notebook_items``, inside the notebooks' own runs).
 """
 
 from __future__ import annotations

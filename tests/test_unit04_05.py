@@ -46,7 +46,7 @@ def _install(monkeypatch, body: str | None = None) -> None:
 
 
 def _body(name: str) -> tuple[str, str]:
-    from tests.catalogue import load  # BODY, or the solution with REPLACE's edits made
+    from tests.notebook_items.entries import load  # BODY, or the solution with REPLACE's edits made
 
     mod = load(MISTAKES / f"{name}.py")
     return mod.BODY, mod.MESSAGE

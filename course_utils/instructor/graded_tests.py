@@ -2,10 +2,10 @@
 in memory, a learner's mistake planted in a solution region.
 
 The student version is made with nbgrader's own ``ClearSolutions`` preprocessor (what
-``nbgrader generate_assignment`` runs). ``tests/catalogue.py`` (the mistakes catalogue, run
-inside nbval's run of each notebook) plants each exercise's stub, and each catalogued mistake,
-in the solved notebook and checks that the exercise's graded tests fail: the "tests can fail"
-guarantee.
+``nbgrader generate_assignment`` runs). ``tests/notebook_items`` (the mistakes catalogue, a
+pytest plugin run inside nbval's run of each notebook) plants each exercise's stub, and each
+catalogued mistake, in the solved notebook and checks that the exercise's graded tests fail:
+the "tests can fail" guarantee.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from nbformat import NotebookNode
 
 from ..assignments.release import lesson_notebooks, secret_lines, unit_of
 from ..errors import CourseError
-from ..notebook_cells import nbgrader_meta
+from ..notebook_cells import is_teardown, nbgrader_meta
 from ..settings import course_root
 
 SLIDES_DIR = course_root() / "slides"
@@ -69,7 +69,7 @@ def _role(cell: NotebookNode) -> str:
     if m.get("grade"):
         return "test"
     gid = m.get("grade_id", "")
-    if cell.cell_type == "code" and re.search(r"(^|-)(setup|teardown)(-|$)", gid):
+    if is_teardown(cell) or (cell.cell_type == "code" and re.search(r"(^|-)setup(-|$)", gid)):
         return "plumbing"
     return "lesson"
 

@@ -232,21 +232,21 @@ def find_unit(workdir: str | os.PathLike[str], unit: str) -> Path:
                          "`course lab` once to create the working folder")
 
 
-def exercise_of(grade_id: str) -> str:
-    """The exercise a graded cell belongs to: ``ex2-test-bytes`` -> ``ex2``."""
-    return grade_id.split("-", 1)[0]
-
-
 def exercises(nb: NotebookNode) -> dict[str, dict[str, list[int]]]:
-    """``{"ex1": {"solution": [cell indices], "tests": [cell indices]}}`` in notebook order."""
-    out: dict[str, dict[str, list[int]]] = {}
-    for i, cell in enumerate(nb.cells):
-        gid = notebook_cells.grade_id(cell)
-        if notebook_cells.is_solution_cell(cell) and cell.cell_type == "code":
-            out.setdefault(exercise_of(gid), {"solution": [], "tests": []})["solution"].append(i)
-        elif notebook_cells.is_test_cell(cell):
-            out.setdefault(exercise_of(gid), {"solution": [], "tests": []})["tests"].append(i)
-    return out
+    """``{"ex1": {"solution": [cell indices], "tests": [cell indices]}}`` in notebook order,
+    paired by each cell's ``metadata.course.exercise`` (:func:`.notebook_cells.exercise_cells`)."""
+    return notebook_cells.exercise_cells(nb.cells)
+
+
+def exercise_named(nb: NotebookNode, name: str) -> str:
+    """The exercise a learner names: an exercise (``ex2``) or one of its cells' grade_ids
+    (``ex2-test-bytes``); ``name`` itself when neither is found (the caller says so)."""
+    name = name.strip()
+    if name in exercises(nb):
+        return name
+    cell = notebook_cells.find_cell(nb.cells, name)
+    return notebook_cells.exercise(cell) if cell is not None and notebook_cells.exercise(
+        cell) else name
 
 
 def _has_error(cell: NotebookNode) -> bool:
@@ -316,7 +316,7 @@ def solution_text(source: NotebookNode, exercise: str) -> str:
     parts = []
     for cell in source.cells:
         gid = notebook_cells.grade_id(cell)
-        if notebook_cells.is_solution_cell(cell) and exercise_of(gid) == exercise:
+        if notebook_cells.is_solution_cell(cell) and notebook_cells.exercise(cell) == exercise:
             for m in _SOLUTION_RE.finditer(cell.source):
                 parts.append(f"# {gid}\n{textwrap.dedent(m.group(1)).rstrip()}")
     return "\n\n".join(parts)
@@ -330,8 +330,8 @@ def reveal_solution(workdir: str | os.PathLike[str], unit: str, exercise: str,
     """
     workdir = Path(workdir).expanduser()
     path = find_unit(workdir, unit)
-    exercise = exercise_of(exercise.strip())
     mine = lessons.read(path)
+    exercise = exercise_named(mine, exercise)
     found = exercises(mine)
     if exercise not in found or not found[exercise]["tests"]:
         have = ", ".join(k for k, v in found.items() if v["tests"]) or "none"

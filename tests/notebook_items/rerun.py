@@ -1,5 +1,4 @@
-"""Re-running in the same kernel, as a learner does it, inside nbval's run of three notebooks (a
-plugin ``conftest.py`` loads):
+"""Re-running in the same kernel, as a learner does it, inside nbval's run of three notebooks:
 
 * ``01_collectives`` (torch) and ``04_tf_classic_ps`` (TF): after nbval's last item, the
   teardown, the whole notebook runs again in the same kernel: set-up and teardown are idempotent
@@ -9,8 +8,8 @@ plugin ``conftest.py`` loads):
 
 nbval's own run is the first pass (with the mistakes catalogue planted in it, which must leave
 nothing behind), so each notebook runs once more, not twice more. A plan's letters: ``B`` every
-code cell but the teardown, ``T`` the teardown (the last code cell:
-``tests/test_rerun.py`` checks that every notebook ends with it).
+code cell but the teardown, ``T`` the teardown (the cell marked ``metadata.course.teardown``,
+the last code cell: ``tests/test_rerun.py`` checks that every notebook ends with it).
 """
 
 from __future__ import annotations
@@ -18,8 +17,9 @@ from __future__ import annotations
 import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
-from course_utils.notebook_cells import grade_id
-from tests.catalogue import execute, is_teardown
+from course_utils.notebook_cells import grade_id, is_teardown
+
+from .kernel import execute
 
 #: notebook -> (the plan run again, whether it runs before nbval's teardown item or after it)
 PLANS = {
@@ -43,7 +43,7 @@ class RerunItem(pytest.Item):
                 if c.cell_type == "code"]
         steps = {"B": [ic for ic in code if not is_teardown(ic[1])],
                  "T": [ic for ic in code if is_teardown(ic[1])]}
-        assert steps["T"], f"{name} has no teardown cell"
+        assert steps["T"], f"{name} has no teardown cell (metadata.course.teardown)"
         ran = ""
         try:
             for step in self.plan:
@@ -62,8 +62,8 @@ class RerunItem(pytest.Item):
         return self.path, None, f"{self.parent.path.name}::{self.name}"
 
 
-@pytest.hookimpl(tryfirst=True)  # before -k and -m deselect
-def pytest_collection_modifyitems(session, config, items) -> None:
+def place(items: list) -> None:
+    """Each planned notebook's re-run goes just after (or before) its teardown item."""
     from nbval.plugin import IPyNbCell
 
     last: dict[str, int] = {}
