@@ -7,6 +7,9 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
+
+import pytest
 
 #: Inside nbval's run of each notebook: the mistakes catalogue, the stubs and the re-runs
 #: (tests/notebook_items, one plugin).
@@ -69,7 +72,19 @@ def _stop_left_over(cluster_id: str) -> None:
         print(f"conftest: could not stop cluster {cluster_id!r}: {exc}")
 
 
+#: Seconds after which every test not yet started fails at once: a suite that takes 15 minutes
+#: and has hung (each hang ends at pytest-timeout's 600 s) still ends, with its summary and the
+#: stacks faulthandler printed, well inside CI's 90 minutes, instead of being cut off silently.
+SUITE_BUDGET_S = 50 * 60
+_STARTED = time.monotonic()
+
+
 def pytest_runtest_setup(item) -> None:
+    spent = time.monotonic() - _STARTED
+    if spent > SUITE_BUDGET_S:
+        pytest.fail(f"not run: the suite has run {spent / 60:.0f} minutes, past its budget of "
+                    f"{SUITE_BUDGET_S // 60} (a hang above it: see the stacks printed after 5 "
+                    "minutes and the tests that timed out)", pytrace=False)
     # Each notebook gets a cluster id of its own: nbval starts its kernel at the notebook's
     # first cell and the kernel reads the id then. So a notebook never joins engines another
     # notebook or test left behind (a TF notebook's engines would refuse torch afterwards), and

@@ -396,6 +396,11 @@ def test_solution_only_after_the_visible_test_ran(tmp_path, sources):
     assert text.startswith("# ex2-solution\nmodel = model.to(device)")
     assert "DistributedSampler" not in text  # that is ex1's
     assert workspace.load_manifest(wd)["solutions_shown"] == {sources[1].name: ["ex2"]}
+    # A copy saved before cells named their exercise (metadata.course): paired from the source.
+    for cell in nb.cells:
+        cell.metadata.pop("course", None)
+    nbformat.write(nb, str(wd / sources[1].name))
+    assert workspace.reveal_solution(wd, "3", "ex2", source_dir=sources[0].parent) == text
     # A workshop's learners' environment carries no source: a clear answer, not a traceback.
     with pytest.raises(workspace.WorkspaceError, match="carries no solutions") as caught:
         workspace.reveal_solution(wd, "3", "ex2", source_dir=tmp_path / "no-source")

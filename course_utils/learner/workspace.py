@@ -322,6 +322,19 @@ def solution_text(source: NotebookNode, exercise: str) -> str:
     return "\n\n".join(parts)
 
 
+def _with_exercises(mine: NotebookNode, src: Path) -> NotebookNode:
+    """``mine``, its cells named by exercise from the course's ``src`` when it is a copy saved
+    before cells carried ``metadata.course`` (grade_ids are the same in both)."""
+    if exercises(mine):
+        return mine
+    named = {notebook_cells.grade_id(c): notebook_cells.course_meta(c)
+             for c in lessons.read(src).cells if notebook_cells.exercise(c)}
+    for cell in mine.cells:
+        if notebook_cells.grade_id(cell) in named:
+            cell.metadata["course"] = named[notebook_cells.grade_id(cell)]
+    return mine
+
+
 def reveal_solution(workdir: str | os.PathLike[str], unit: str, exercise: str,
                     source_dir: Path | None = None) -> str:
     """One exercise's solution, once its visible test ran in the learner's saved copy.
@@ -330,7 +343,12 @@ def reveal_solution(workdir: str | os.PathLike[str], unit: str, exercise: str,
     """
     workdir = Path(workdir).expanduser()
     path = find_unit(workdir, unit)
-    mine = lessons.read(path)
+    src = (source_dir or lessons.NOTEBOOK_DIR) / path.name
+    if not src.is_file():  # a workshop's learners' environment carries no source
+        raise WorkspaceError(
+            f"this installation of the course carries no solutions ({src} is not here)",
+            "in a workshop, solutions come from your instructor: ask them")
+    mine = _with_exercises(lessons.read(path), src)
     exercise = exercise_named(mine, exercise)
     found = exercises(mine)
     if exercise not in found or not found[exercise]["tests"]:
@@ -345,11 +363,6 @@ def reveal_solution(workdir: str | os.PathLike[str], unit: str, exercise: str,
             "saved notebook",
             "try it first: run the exercise's test cell, save the notebook (Ctrl-S), "
             "then ask again")
-    src = (source_dir or lessons.NOTEBOOK_DIR) / path.name
-    if not src.is_file():  # a workshop's learners' environment carries no source
-        raise WorkspaceError(
-            f"this installation of the course carries no solutions ({src} is not here)",
-            "in a workshop, solutions come from your instructor: ask them")
     text = solution_text(lessons.read(src), exercise)
     if not text:
         raise WorkspaceError(f"the course has no solution for {exercise} of {path.name}",
