@@ -3,6 +3,7 @@ against real ipyparallel engines: what an exec'd engine had, a forked one has to
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -144,10 +145,16 @@ def test_an_engine_killed_by_its_pid_is_a_dead_rank():
     cc = cu.start(n=2, cluster_id=f"{CID}-kill")
     try:
         victim = cc.run(facts)[1]["pid"]
+        (launcher,) = [el for es in cc.cluster.engines.values() for el in es.launchers.values()
+                       if el.pid == victim]
+        assert isinstance(launcher, fork_client.ForkedEngineLauncher)
+        with pytest.raises(TimeoutError):  # its own waiter: join waits while the engine runs
+            asyncio.run(launcher.join(timeout=0.5))
         os.kill(victim, signal.SIGKILL)
         assert wait_gone([victim])  # the server reaps its child
         with pytest.raises(EngineError, match="gone"):
             cc.run(facts, timeout=30)
+        asyncio.run(launcher.join(timeout=5))  # and returns once it is gone
     finally:
         cu.stop(force=True)
 

@@ -8,9 +8,10 @@ done (``_children``, ``_targets``). An engine-set launcher's polling thread ends
 its ``_stop_waiting`` event. ``tests/test_cluster.py`` exercises every function here against
 real engines.
 
-Three other modules touch ipyparallel internals, each for its own reason and said there:
-:mod:`.pxoutput` (how a ``%%px`` cell's output is labelled), :mod:`..launchers.fork_client` and
-:mod:`.forked_engine_app` (engines and nannies forked from one server).
+Two other modules go beyond ipyparallel's documented API, each for its own reason and said
+there: :mod:`.pxoutput` (how a ``%%px`` cell's output is labelled) and
+:mod:`..engines.forked_engine_app` (overrides ``IPEngine.start_nanny``, a public method, so the
+nanny is forked too). :mod:`..launchers.fork_client` uses only the launcher's public surface.
 """
 
 from __future__ import annotations

@@ -262,7 +262,14 @@ def stop_fork_servers(cluster_id: str | None = None) -> None:
 
 class ForkedEngineLauncher(LocalEngineLauncher):
     """``LocalEngineLauncher`` whose engine is forked by a server (see the module); tracked by
-    pid like any engine. Falls back to starting the process itself."""
+    pid like any engine. Falls back to starting the process itself.
+
+    Only public parts of ipyparallel's launcher are used or overridden (``start``, ``join``,
+    ``notify_start``, ``notify_stop``, ``loop``, ``process``): the engine is not this process's
+    child, so a thread of ours waits for it and reports its exit on the launcher's loop, as
+    ipyparallel's own waiter does for the processes it starts."""
+
+    _exit_watch: threading.Thread | None = None
 
     def start(self) -> Any:
         if self.state != "before":
@@ -279,8 +286,30 @@ class ForkedEngineLauncher(LocalEngineLauncher):
             return super().start()
         self.pid = pid
         self.notify_start(pid)
-        self._start_waiting()
+        loop = self.loop  # read here, on the thread that started the engine
+        self._exit_watch = threading.Thread(target=self._report_exit, args=(loop,),
+                                            daemon=True, name=f"wait(pid={pid})")
+        self._exit_watch.start()
         return pid
+
+    def _report_exit(self, loop: Any) -> None:
+        code = None
+        while self.state == "running":
+            try:
+                code = self.process.wait(timeout=self.poll_seconds)
+                break
+            except psutil.TimeoutExpired:
+                continue
+        stopped = {"exit_code": code, "pid": self.pid, "identifier": self.identifier}
+        loop.add_callback(lambda: self.notify_stop(stopped))
+
+    async def join(self, timeout: float | None = None) -> None:
+        """Until the forked engine has exited (``TimeoutError`` after ``timeout`` s)."""
+        if self._exit_watch is None:  # started as its own python, or read back from a file
+            return await super().join(timeout)
+        self._exit_watch.join(timeout=timeout)
+        if self._exit_watch.is_alive():
+            raise TimeoutError(f"Process {self.pid} did not exit in {timeout} seconds.")
 
 
 class ForkedEngineSetLauncher(LocalEngineSetLauncher):
