@@ -308,8 +308,8 @@ def test_second_kernel_connects_without_owning(cluster):
 def test_owner_follows_engines_another_kernel_replaced(cluster):
     """A kernel that joined may replace every engine (its cu.restart(), each
     tf_dist.stop_servers()). The kernel that started the cluster then uses the new engines (the
-    rank map saved beside the cluster file); it used to take its cluster for dead, and its
-    next cu.start() stopped it, the other kernel's engines with it."""
+    rank map saved beside the cluster file), not taking its cluster for dead: were it to, its
+    next cu.start() would stop it, the other kernel's engines with it."""
     old = [r.pid for r in cluster.ranks]
     saved = cu.current()
     registry.forget()  # a second notebook kernel

@@ -630,7 +630,7 @@ def test_notebook_06_runs_unchanged_on_two_hosts(rig, cluster, profile_path, mon
     assert all(str(pid) in setup for pid in pids), "the kernel did not join the running cluster"
     # The kernel replaced every engine (tf_dist.stop_servers restarts them). This process, which
     # started the cluster, follows (the rank map that kernel saved) instead of taking its
-    # cluster for dead: it used to stop it on its next cu.start().
+    # cluster for dead, which would stop it on its next cu.start().
     assert cluster.ping(), "the cluster's owner lost the engines the notebook restarted"
     assert not set(pids) & {r.pid for r in cluster.ranks}
     assert cu.start(cluster_id=cluster.cluster_id) is cluster
