@@ -589,3 +589,33 @@ def test_engines_that_never_register_time_out(monkeypatch, tmp_path):
     with pytest.raises(EnginesDidNotStart, match="did not register in 2 s"):
         cu.start(n=2, cluster_id=f"{CID}-slow", timeout=2)
     assert time.perf_counter() - t0 < 15
+
+
+def test_a_controller_that_cannot_bind_is_started_once_more(monkeypatch):
+    """ipyparallel's controller picks its ports by binding port 0 and closing it, then binds
+    them again; one taken in between ends it (exit 1). The course then starts it once more; a
+    second failure is the course's error. Here the first controllers are told to listen on an
+    address this host does not have (TEST-NET-3), which fails their bind the same way."""
+    from course_utils.cluster.launchers import launching
+
+    made, real = [], launching.new_ipp_cluster
+
+    def failing_first(cid, prof, n, failures=1):
+        cl = real(cid, prof, n)
+        if len(made) < failures:
+            cl.controller_args = [*cl.controller_args, "--ip=203.0.113.7"]
+        made.append(cl)
+        return cl
+
+    monkeypatch.setattr(launching, "new_ipp_cluster", failing_first)
+    try:
+        cc = cu.start(n=1, cluster_id=f"{CID}-bind", timeout=60)
+        assert len(made) == 2 and cc.run(os.getpid)
+    finally:
+        cu.stop(force=True)
+    made.clear()
+    monkeypatch.setattr(launching, "new_ipp_cluster",
+                        lambda cid, prof, n: failing_first(cid, prof, n, failures=2))
+    with pytest.raises(EnginesDidNotStart, match="Controller stopped") as err:
+        cu.start(n=1, cluster_id=f"{CID}-bind2", timeout=60)
+    assert len(made) == 2 and "course doctor" in err.value.fix

@@ -145,23 +145,37 @@ def start_ipp_cluster(cid: str, prof: ClusterProfile, n: int, timeout: float,
                       preload: Sequence[str] = ()) -> tuple[ipp.Cluster, ipp.Client]:
     """A new controller and ``n`` engines under id ``cid`` (importing ``preload``),
     registered, and a client."""
-    remove_stale(cid)
-    cl = new_ipp_cluster(cid, prof, n)
-    prestart_fork_server(cl, prof, n, timeout, preload)
-    cl.start_controller_sync()
-    try:
-        start_engines(cl, prof, n, preload)
-        client = cl.connect_client_sync()
-    except CourseError:  # already says cause and fix (e.g. sbatch refused the engines' job)
-        stop_cluster(cl)
-        raise
-    except Exception as exc:
-        stop_cluster(cl)
-        raise EnginesDidNotStart(
-            f"could not launch engines: {exc}", "run `course doctor` to see which part fails"
-        ) from exc
+    for attempt in (1, 2):
+        remove_stale(cid)
+        cl = new_ipp_cluster(cid, prof, n)
+        prestart_fork_server(cl, prof, n, timeout, preload)
+        cl.start_controller_sync()
+        try:
+            start_engines(cl, prof, n, preload)
+            client = cl.connect_client_sync()
+            break
+        except CourseError:  # already says cause and fix (e.g. sbatch refused the engines' job)
+            stop_cluster(cl)
+            raise
+        except Exception as exc:
+            exited = controller_exited(cl)
+            stop_cluster(cl)
+            if exited and attempt == 1:
+                # ipyparallel's controller picks each port by binding port 0 and closing it,
+                # then binds it again: a port another process took in between ends it (exit 1)
+                continue
+            raise EnginesDidNotStart(
+                f"could not launch engines: {exc}", "run `course doctor` to see which part fails"
+            ) from exc
     wait_for_engines(cl, client, n, timeout)
     return cl, client
+
+
+def controller_exited(cl: ipp.Cluster) -> bool:
+    """The local controller process of ``cl`` has exited (False for one on another host)."""
+    proc = getattr(cl.controller, "process", None) if isinstance(
+        cl.controller, LocalProcessLauncher) else None
+    return proc is not None and not _process_alive(proc)
 
 
 def stop_engines(cl: ipp.Cluster, kill: bool = False) -> None:
