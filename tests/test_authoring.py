@@ -60,9 +60,10 @@ def _meta(grade_id: str, *, solution: bool = False, points: int = 0) -> dict:
 
 
 def add_exercise(notebook: Path) -> None:
-    """The page's three cells, before the unit's Summary (the skeleton keeps it last)."""
+    """The page's three cells, right after the unit's set-up cell: the answer needs no cluster,
+    and the catalogue then runs only the set-up before it (the Summary stays last)."""
     nb = nbformat.read(notebook, as_version=4)
-    at = next(i for i, c in enumerate(nb.cells) if c.source.startswith("## Summary"))
+    at = next(i for i, c in enumerate(nb.cells) if nbgrader_meta(c).get("grade_id") == "setup") + 1
     nb.cells[at:at] = [
         nbformat.v4.new_markdown_cell(TASK, metadata=_meta("ex3-md")),
         nbformat.v4.new_code_cell(SOLUTION, metadata=_meta("ex3-solution", solution=True)),
