@@ -245,8 +245,7 @@ def exercise_named(nb: NotebookNode, name: str) -> str:
     if name in exercises(nb):
         return name
     cell = notebook_cells.find_cell(nb.cells, name)
-    return notebook_cells.exercise(cell) if cell is not None and notebook_cells.exercise(
-        cell) else name
+    return (notebook_cells.exercise(cell) if cell is not None else "") or name
 
 
 def _has_error(cell: NotebookNode) -> bool:
