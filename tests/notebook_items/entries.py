@@ -66,6 +66,7 @@ ENTRIES = sorted([*MISTAKES, *STUBS], key=lambda e: (e.notebook, e.at, e.id) if 
     e, Stub) else cell_order(e))
 FIELDS = ("NOTEBOOK", "GRADE_ID", "FAILS", "MESSAGE", "WITHIN_S")
 
+
 def load(path: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"mistake_{path.stem}", path)
     assert spec and spec.loader
