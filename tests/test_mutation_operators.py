@@ -63,6 +63,8 @@ def test_a_name_is_swapped_only_for_a_sibling_already_bound():
     assert "r = left" not in swaps          # left is bound after that line
     assert "left = (rank - 1) % p" in swaps and "left = (r - 1) % world_size" in swaps
     assert not any("% r" in s for s in swaps)  # a rank never stands for a size
+    assert bound_names("%%px\n%matplotlib inline\nq = 1\n") == {"q"}
+    assert bound_names("%%writefile train.py\nq = 1\n") == frozenset()  # a file, not names
 
 
 def only_literals(src: str) -> bool:
@@ -91,5 +93,4 @@ def test_every_graded_solution_cell_of_the_course_gives_mutants():
             src = source_text(cell)
             if is_solution_cell(cell) and regions(src) and not only_literals(src):
                 assert mutants(src, "g", scope), f"{path.name}: no mutant of {src[:80]!r}"
-            scope |= bound_names("\n".join(ln for ln in src.splitlines()
-                                            if not ln.startswith("%")))
+            scope |= bound_names(src)

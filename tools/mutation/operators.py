@@ -27,7 +27,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 OPERATORS = ("delete", "collective", "name", "constant", "round", "compare", "flag",
              "keyword", "value")
@@ -106,8 +106,7 @@ def mutants(source: str, grade_id: str, scope: frozenset[str] = frozenset()) -> 
             after = _short(" ".join(new.splitlines()[row:node.end_lineno + shift]) or "(gone)")
             text = "\n".join(lines[:magic] + [new]) + ("\n" if source.endswith("\n") else "")
             m = Mutant(grade_id, op, node.lineno + magic, before, after, text)
-            m = Mutant(**{**m.__dict__, "nth": sum(o.id == m.id for o in out)})
-            out.append(m)
+            out.append(replace(m, nth=sum(o.id == m.id for o in out)))
     return out
 
 
@@ -137,15 +136,14 @@ def _first_bound(tree: ast.AST) -> dict[str, int]:
     return first
 
 
-def _bound(tree: ast.AST) -> frozenset[str]:
-    return frozenset(_first_bound(tree))
-
-
-def bound_names(code: str) -> frozenset[str]:
-    """The names ``code`` binds (assignments, loop targets, parameters); "" if it is not
-    Python (a magic's text)."""
+def bound_names(source: str) -> frozenset[str]:
+    """The names code cell ``source`` binds (assignments, loop targets, parameters) where it
+    runs: none for a cell magic other than ``%%px`` (``%%writefile``'s text is a file)."""
+    if source.startswith("%%") and not source.startswith("%%px"):
+        return frozenset()
     try:
-        return _bound(ast.parse(code))
+        return frozenset(_first_bound(ast.parse(
+            "\n".join(ln for ln in source.splitlines() if not ln.startswith("%")))))
     except SyntaxError:
         return frozenset()
 
