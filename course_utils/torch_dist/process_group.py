@@ -235,8 +235,10 @@ def _engine_start(rank: int, world_size: int, local_rank: int, master_addr: str,
     label = "nccl+gloo" if cuda else backend.rsplit(":", 1)[-1]
     _ENGINE.update(rank=rank, world_size=world_size, backend=label, pg_backend=backend,
                    master_addr=master_addr, master_port=env_port or port, store_port=port,
-                   device=str(device),
-                   debug=debug, torch=torch.__version__)
+                   device=str(device), debug=debug,
+                   # a str, not torch's TorchVersion: unpickling that in the kernel would
+                   # import torch there (2.8 s of CPU, at every cu.start_torch())
+                   torch=str(torch.__version__))
     __main__.device = device
     return dict(_ENGINE)
 
