@@ -15,7 +15,7 @@ LAB_ARGS ?=
 # time instead cost 45 s of CPU, mostly for modules nothing imports.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: lab test install doctor bench lint clean
+.PHONY: lab test install doctor bench lint clean mutants
 
 lab: install
 	COURSE_ENGINES=$(ENGINES) $(VENV)/bin/course lab --port $(PORT) $(LAB_ARGS)
@@ -30,6 +30,19 @@ TEST_WORKERS ?= 3
 test: install
 	$(PY) -m ruff check course_utils tests tools conftest.py
 	$(PY) -m pytest -n $(TEST_WORKERS)
+
+# Every mutant of every solution (tools/mutation) against its exercise's visible tests, as
+# nbval's run plants them (tests/notebook_items/mutants.py), then the report in docs/mutants.md.
+# An instructor's check before a workshop, not part of `make test` (which runs
+# COURSE_MUTANTS_PER_EXERCISE of them; 0 by default).
+MUTANTS_OUT ?= build/mutants.jsonl
+MUTANTS_K   ?= mut_
+
+mutants: install
+	mkdir -p $(dir $(MUTANTS_OUT)) && rm -f $(MUTANTS_OUT)
+	-COURSE_MUTANTS_PER_EXERCISE=all COURSE_MUTANTS_OUT=$(abspath $(MUTANTS_OUT)) \
+		$(PY) -m pytest -n $(TEST_WORKERS) notebooks -k "$(MUTANTS_K)" -q
+	$(PY) -m tools.mutation.report $(MUTANTS_OUT) --out docs/mutants.md
 
 # tools/install_venv.py installs with uv, from the indexes pip is configured with (27 s for
 # the whole course on a 2-core machine, where pip took 161 s), and falls back to pip.

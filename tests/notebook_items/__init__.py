@@ -10,6 +10,10 @@ solution, then the released (visible only) tests of its exercise, each of which 
 a message; what the solution had bound is removed first, so a stub's test cannot pass on its
 leftovers. The untouched release, run whole, is graded in ``test_instructor_grade.py``.
 
+**Mutants of the solutions** (:mod:`.mutants`, made by ``tools/mutation``): a slip a learner
+might make, planted in place of the solution; its exercise's visible tests must fail on it
+(``COURSE_MUTANTS_PER_EXERCISE`` says how many per exercise run; ``make mutants`` runs all).
+
 **Re-runs** (:mod:`.rerun`): three notebooks run again in the same kernel, as a learner
 re-runs them (set-up and teardown are idempotent).
 
@@ -34,12 +38,21 @@ catalogue's files without a kernel; ``tests/test_rerun.py`` the re-run plans.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from . import rerun
 from .catalogue import CatalogueItem, entry_id
-from .entries import ENTRIES, Stub, cell_order
+from .entries import ENTRIES, cell_order
 from .kernel import cell_index, walk_of
+from .mutants import drawn, selection
+
+
+def pytest_report_header(config) -> str:
+    per, seed = selection()
+    return (f"mutants of the solutions: {per} per exercise, seed {seed} "
+            f"(COURSE_MUTANTS_PER_EXERCISE, COURSE_MUTANTS_SEED)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k and -m deselect: the items can be selected
@@ -51,9 +64,10 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if not any(isinstance(it, IPyNbCell) for it in items):
         return
     at: dict[tuple[str, int], list] = {}
-    for entry in ENTRIES:
-        name, index = ((entry.notebook, entry.at) if isinstance(entry, Stub)
-                       else cell_order(entry)[:2])
+    per, seed = selection()
+    for entry in [*ENTRIES, *(drawn(per, seed) if per != "0" else [])]:
+        name, index = (cell_order(entry)[:2] if isinstance(entry, Path)
+                       else (entry.notebook, entry.at))
         at.setdefault((name, index), []).append(entry)
     placed = []
     for item in items:

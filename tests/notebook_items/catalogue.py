@@ -14,10 +14,12 @@ from course_utils.notebook_cells import is_teardown, is_test_cell, nbgrader_meta
 
 from .entries import Stub, index_of, load
 from .kernel import Walk, walk_of
+from .mutants import MutantEntry, record, run_mutant
 
 
 class CatalogueItem(pytest.Item):
-    """A catalogued mistake or an exercise's stub, run in its notebook's nbval kernel."""
+    """A catalogued mistake, an exercise's stub or a mutant of its solution, run in its
+    notebook's nbval kernel."""
 
     def __init__(self, *, entry, at: int, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -25,23 +27,35 @@ class CatalogueItem(pytest.Item):
 
     def runtest(self) -> None:
         walk = walk_of(self.parent)
-        stub, at = isinstance(self.entry, Stub), self.at
+        entry, at = self.entry, self.at
         walk.run_original(at)  # the cells before it that nbval did not run (a restart, -k)
         before = walk.group_state()
+        damaged = False
         try:
-            if stub:
-                stub_fails_its_tests(self.entry, walk)
+            if isinstance(entry, Stub):
+                stub_fails_its_tests(entry, walk)
+            elif isinstance(entry, MutantEntry):
+                outcome = mutant_is_killed(entry, walk)
             else:
-                mistake_fails_its_test(self.entry, walk)
+                mistake_fails_its_test(entry, walk)
         finally:
-            walk.make_clean(before, at)
+            damaged = walk.make_clean(before, at)
+        if isinstance(entry, MutantEntry):
+            outcome["damaged"] = damaged
+            record(outcome)
+            assert outcome["status"] in ("killed", "equivalent"), (
+                f"{entry.mutant.id}: {outcome['status']} (a gap in the visible tests of "
+                f"{entry.stub.grade_id}, or an equivalent mutant to list in "
+                "tests/mistakes/equivalent_mutants.toml with why)")
+            assert not damaged, (f"{entry.mutant.id}: after its visible test failed, the ranks' "
+                                 "process group no longer answered")
 
     def reportinfo(self):
         return self.path, None, f"{self.parent.path.name}::{self.name}"
 
 
 def entry_id(entry) -> str:
-    return entry.id if isinstance(entry, Stub) else entry.stem
+    return entry.stem if isinstance(entry, Path) else entry.id
 
 
 def bound_names(source: str) -> tuple[str, list[str]]:
@@ -64,6 +78,30 @@ def bound_names(source: str) -> tuple[str, list[str]]:
     return magic, sorted(names)
 
 
+def forget_solution(session: Walk, at: int) -> None:
+    """Remove what solution cell ``at`` binds, where it ran (kernel or engines): a stub's or a
+    mutant's tests must not pass on the solution's leftovers."""
+    magic, names = bound_names(session.nb.cells[at].source)
+    if names:
+        from nbformat.v4 import new_code_cell
+
+        forget = f"for _n in {names!r}:\n    globals().pop(_n, None)\n"
+        errs, _ = session.execute(new_code_cell(f"{magic}\n{forget}" if magic else forget))
+        assert not errs, f"could not remove the solution's names {names}: {errs}"
+
+
+def mutant_is_killed(entry: MutantEntry, session: Walk) -> dict:
+    """The mutant in place of the solution, then its exercise's visible tests: the outcome
+    (:func:`.mutants.run_mutant`), printed with the change."""
+    assert not session.failed_tests, (
+        f"graded tests failed before {entry.stub.grade_id}: {session.failed_tests}")
+    forget_solution(session, entry.at)
+    outcome = run_mutant(entry, session)
+    print(f"{entry.mutant.id}: {outcome['status']} in {outcome['seconds']} s"
+          + (f" by {outcome['test']}: {outcome['message']}" if outcome["test"] else ""))
+    return outcome
+
+
 def stub_fails_its_tests(stub: Stub, session: Walk) -> None:
     """The released stub and visible tests in place of the solution: each test must fail, with
     a message."""
@@ -73,13 +111,7 @@ def stub_fails_its_tests(stub: Stub, session: Walk) -> None:
         f"{session.errors}")
     handed_out = {nbgrader_meta(c).get("grade_id"): c for c in release.cells
                   if nbgrader_meta(c).get("grade_id")}
-    magic, names = bound_names(session.nb.cells[stub.at].source)
-    if names:  # the solution's leftovers go, where the cell ran (kernel or engines)
-        from nbformat.v4 import new_code_cell
-
-        forget = f"for _n in {names!r}:\n    globals().pop(_n, None)\n"
-        errs, _ = session.execute(new_code_cell(f"{magic}\n{forget}" if magic else forget))
-        assert not errs, f"could not remove the solution's names {names}: {errs}"
+    forget_solution(session, stub.at)
     last = max(i for i, c in enumerate(session.nb.cells)
                if nbgrader_meta(c).get("grade_id") in stub.tests) if stub.tests else stub.at
     outcome = {}

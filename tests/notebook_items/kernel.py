@@ -140,12 +140,12 @@ class Walk:
                                   timeout=60)
         return "broken" if errors else said.strip()
 
-    def make_clean(self, before: str, upto: int) -> None:
+    def make_clean(self, before: str, upto: int) -> bool:
         """After a mistake, give nbval's next item the kernel it expects: the ranks' process
         group as it was ``before`` the mistake. A group the mistake left where there was none
         is destroyed (a ``leave_group`` that does not leave); otherwise, if the group changed
         or stopped answering, the engines are restarted and the original cells [0, upto) run
-        again."""
+        again: then this returns True (the mistake damaged the group)."""
         after = self.group_state()
         if after == "clean" and before == "none":
             execute(self.nbfile.kernel, "_cu.current().run(_course_group_leave, timeout=15)",
@@ -159,6 +159,7 @@ class Walk:
             self.done = 0
             self.run_original(upto)
         self.done = upto
+        return after != before
 
     def released(self):
         """This notebook as ``course release`` hands it out (cached)."""

@@ -95,24 +95,42 @@ def mutants(source: str, grade_id: str, scope: frozenset[str] = frozenset()) -> 
                 a <= node.lineno and node.end_lineno <= b for a, b in spans):
             continue
         bound = scope | {n for n, line in first.items() if line < node.lineno}
-        for op, replacement in _changes(node, parent.get(node), frozenset(bound)):
+        for op, replacement in _changes(node, parent.get(node), frozenset(bound), code):
             new = _splice(code, node, replacement)
             if new == code or new in seen:
                 continue
             seen.add(new)
             shift = len(new.splitlines()) - len(code.splitlines())
             row = node.lineno - 1
-            before = _short(" ".join(code.splitlines()[row:node.end_lineno]))
-            after = _short(" ".join(new.splitlines()[row:node.end_lineno + shift]) or "(gone)")
+            before, after = _shown(" ".join(code.splitlines()[row:node.end_lineno]),
+                                   " ".join(new.splitlines()[row:node.end_lineno + shift]))
             text = "\n".join(lines[:magic] + [new]) + ("\n" if source.endswith("\n") else "")
             m = Mutant(grade_id, op, node.lineno + magic, before, after, text)
-            out.append(replace(m, nth=sum(o.id == m.id for o in out)))
+            out.append(replace(m, nth=sum(replace(o, nth=0).id == m.id for o in out)))
     return out
 
 
-def _short(text: str) -> str:
-    one = re.sub(r"\s+", " ", text).strip()
-    return one if len(one) <= 80 else one[:77] + "..."
+def _shown(before: str, after: str, width: int = 80) -> tuple[str, str]:
+    """The changed line before and after, each on one line; a long pair is cut to the part
+    that differs, with some context, so that two changes of one long line read apart."""
+    before, after = (re.sub(r"\s+", " ", t).strip() for t in (before, after))
+    if max(len(before), len(after)) <= width:
+        return before, after or "(gone)"
+    head = 0
+    while head < min(len(before), len(after)) and before[head] == after[head]:
+        head += 1
+    tail = 0
+    while (tail < min(len(before), len(after)) - head
+           and before[-1 - tail] == after[-1 - tail]):
+        tail += 1
+    start = max(0, head - 30)
+
+    def cut(t: str) -> str:
+        mid = t[start:len(t) - max(0, tail - 30)]
+        more = tail > 30 or len(mid) > width
+        return ("..." if start else "") + mid[:width - 3 if more else width] + (
+            "..." if more else "")
+    return cut(before), cut(after) if after else "(gone)"
 
 
 def _first_bound(tree: ast.AST) -> dict[str, int]:
@@ -148,16 +166,19 @@ def bound_names(source: str) -> frozenset[str]:
         return frozenset()
 
 
-def _splice(code: str, node: ast.AST, text: str) -> str:
+def _offset(code: str, line: int, col: int) -> int:
+    """The character offset in ``code`` of an ast position (columns are UTF-8 bytes)."""
     lines = code.splitlines(keepends=True)
-    offsets = [0]
-    for ln in lines:
-        offsets.append(offsets[-1] + len(ln))
+    return sum(len(ln) for ln in lines[:line - 1]) + len(lines[line - 1].encode()[:col].decode())
 
-    def at(line: int, col: int) -> int:  # ast columns are UTF-8 byte offsets
-        return offsets[line - 1] + len(lines[line - 1].encode()[:col].decode())
 
-    start, end = at(node.lineno, node.col_offset), at(node.end_lineno, node.end_col_offset)
+def _span(code: str, node: ast.AST) -> tuple[int, int]:
+    return (_offset(code, node.lineno, node.col_offset),
+            _offset(code, node.end_lineno, node.end_col_offset))
+
+
+def _splice(code: str, node: ast.AST, text: str) -> str:
+    start, end = _span(code, node)
     return code[:start] + text + code[end:]
 
 
@@ -177,7 +198,7 @@ def _counted(node: ast.AST, parent: ast.AST | None) -> bool:
     return isinstance(parent, ast.Call) and _call_name(parent) == "range" and node in parent.args
 
 
-def _changes(node: ast.AST, parent: ast.AST | None, bound: frozenset[str]
+def _changes(node: ast.AST, parent: ast.AST | None, bound: frozenset[str], code: str
              ) -> Iterator[tuple[str, str]]:
     """(operator, replacement source) for each mutant of ``node``."""
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) or isinstance(
@@ -185,7 +206,7 @@ def _changes(node: ast.AST, parent: ast.AST | None, bound: frozenset[str]
         yield "delete", "pass"
     if isinstance(node, ast.Call):
         yield from _collective(node)
-        yield from _keywords(node)
+        yield from _keywords(node, code)
         if _call_name(node) in ("ceil", "floor"):
             other = "floor" if _call_name(node) == "ceil" else "ceil"
             f = node.func
@@ -208,6 +229,9 @@ def _changes(node: ast.AST, parent: ast.AST | None, bound: frozenset[str]
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name):
         for sign in "+-":
             yield "constant", f"{ast.unparse(node.value)}[{node.slice.id} {sign} 1]"
+    if isinstance(node, ast.Constant) and type(node.value) is bool and isinstance(
+            parent, ast.keyword):
+        yield "flag", str(not node.value)
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in COMPARISONS:
         swapped = ast.Compare(node.left, [COMPARISONS[type(node.ops[0])]()], node.comparators)
         yield "compare", ast.unparse(swapped)
@@ -216,16 +240,20 @@ def _changes(node: ast.AST, parent: ast.AST | None, bound: frozenset[str]
         yield "value", "return " + ZERO_OF.format(ast.unparse(node.value))
 
 
-def _keywords(node: ast.Call) -> Iterator[tuple[str, str]]:
-    for i, kw in enumerate(node.keywords):
+def _keywords(node: ast.Call, code: str) -> Iterator[tuple[str, str]]:
+    """The call without one of its keyword arguments, the rest of its text as it was."""
+    start, end = _span(code, node)
+    parts = [*node.args, *node.keywords]
+    for kw in node.keywords:
         if kw.arg is None:
             continue
-        rest = ast.Call(node.func, node.args, node.keywords[:i] + node.keywords[i + 1:])
-        yield "keyword", ast.unparse(rest)
-        if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, bool):
-            flipped = ast.keyword(kw.arg, ast.Constant(not kw.value.value))
-            yield "flag", ast.unparse(ast.Call(
-                node.func, node.args, node.keywords[:i] + [flipped] + node.keywords[i + 1:]))
+        i = parts.index(kw)
+        a, b = _span(code, kw)
+        if i > 0:    # from the end of the argument before it
+            a = _span(code, parts[i - 1])[1]
+        elif len(parts) > 1:  # the first: up to the argument after it
+            b = _span(code, parts[1])[0]
+        yield "keyword", code[start:a] + code[b:end]
 
 
 def _collective(node: ast.Call) -> Iterator[tuple[str, str]]:
