@@ -550,13 +550,13 @@ print(f"SUM {t.item():.0f}")
 """
 
 
-def test_four_learners_at_once_hold_both_hosts_gpus_while_two_run_unit0(rig, running):
+def test_four_learners_at_once_hold_both_hosts_gpus_while_one_runs_unit0(rig, running):
     """Four learners log in at once and hold ranks on both hosts, each with GPUs nobody else
-    holds. Unit 0 runs whole for two of them, so its hang cell's ``cu.restart()`` (a new Slurm
-    job) happens while the others start and all_reduce; the other two run only the probe and
-    the all_reduce (unit 0 on all four repeated what these two runs check, at the cost of the
-    suite's time). ``COURSE_BENCH_SERIAL=1`` first runs one learner alone, for the guide's
-    login-to-ranks figure (a benchmark, not a timed test)."""
+    holds. Unit 0 runs whole for one of them, so its hang cell's ``cu.restart()`` (a new Slurm
+    job) happens while the others start and all_reduce; the other three run the probe and the
+    all_reduce (unit 0 through the hub runs whole again in Chromium, below).
+    ``COURSE_BENCH_SERIAL=1`` first runs one learner alone, for the guide's login-to-ranks
+    figure (a benchmark, not a timed test)."""
     import threading
 
     from tests.rigs.hub import LearnerLab
@@ -580,12 +580,12 @@ def test_four_learners_at_once_hold_both_hosts_gpus_while_two_run_unit0(rig, run
                             "total s": round(time.monotonic() - t0, 1),
                             "sum": (summed + err)[-400:]}
 
-    together_labs, whole = labs[:4], 2  # unit 0 whole for two learners in all
+    together_labs, whole = labs[:4], 1  # unit 0 whole for one learner
     if os.environ.get("COURSE_BENCH_SERIAL"):  # one learner alone first, for the guide
         t0 = time.monotonic()
         learner(labs[0], True)
         print(f"one learner alone, login to ranks and unit 0: {time.monotonic() - t0:.1f} s")
-        together_labs, whole = labs[1:4], 1
+        together_labs = labs[1:4]
     threads = [threading.Thread(target=learner, args=(lab, i < whole))
                for i, lab in enumerate(together_labs)]
     t1 = time.monotonic()
@@ -595,10 +595,11 @@ def test_four_learners_at_once_hold_both_hosts_gpus_while_two_run_unit0(rig, run
         th.join(600)
     together = time.monotonic() - t1
     print(json.dumps(report, indent=1))
-    print(f"{len(together_labs)} learners at once, login to ranks (two running unit 0 whole, "
+    print(f"{len(together_labs)} learners at once, login to ranks (one running unit 0 whole, "
           f"four holding GPUs): {together:.1f} s")
     assert len(report) == 4, report
-    assert sum(r["failed"] is not None for r in report.values()) == 2, report
+    alone = bool(os.environ.get("COURSE_BENCH_SERIAL"))
+    assert sum(r["failed"] is not None for r in report.values()) == 1 + alone, report
     gpus_per_host: dict[str, list[str]] = {"rig-a": [], "rig-b": []}
     for user, r in report.items():
         assert r["failed"] in ([], None), (user, r["failed"])
