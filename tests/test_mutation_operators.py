@@ -54,6 +54,9 @@ def test_each_operator_makes_its_slip_inside_the_region_only():
         first, last = regions(m.source)[0]
         assert first <= m.line <= last
     assert len({m.id for m in ms}) == len(ms)
+    empty = ("def f(x):\n    ### BEGIN SOLUTION\n    if x:\n        return []\n"
+             "    return {}\n    ### END SOLUTION\n")
+    assert not [m for m in mutants(empty, "g") if m.operator == "value"]  # each is its own zero
 
 
 def test_a_name_is_swapped_only_for_a_sibling_already_bound():

@@ -115,7 +115,8 @@ def fake_run(lines, rcs=(0,)) -> g.ScriptRun:
 
 
 def good_lines(start=0, steps=4, world=2, savers=(0,)):
-    return ([{"rank": r, "event": "start", "step": start, "local_rank": r} for r in range(world)]
+    return ([{"rank": r, "event": "start", "step": start, "local_rank": r, "world_size": world,
+              "device": "cpu"} for r in range(world)]
             + [{"rank": r, "event": "saved", "step": steps} for r in savers]
             + [{"rank": r, "event": "done", "step": steps, "loss": 0.5} for r in range(world)])
 
@@ -135,6 +136,10 @@ def test_a_good_run_and_a_good_resume_pass():
     (fake_run([*good_lines()[:3], {"rank": 0, "event": "done", "loss": 0.5},
                {"rank": 1, "event": "done", "loss": 0.7}]), {}, "reduce the metrics"),
     (fake_run(good_lines()[:3]), {}, "a 'done' line from each of ranks 0..1"),
+    (fake_run([{k: v for k, v in x.items() if k != "device"} for x in good_lines()]), {},
+     "lack fields (rank, field): [(0, 'device'), (1, 'device')]"),
+    (fake_run([{k: v for k, v in x.items() if k != "step" or x["event"] != "done"}
+               for x in good_lines()]), {}, "lack fields (rank, field): [(0, 'step')"),
     (fake_run(good_lines(), rcs=(1,)), {}, "torchrun exited [1]"),
     (None, {}, "not run"),
 ])

@@ -37,6 +37,10 @@ def test_alpha_beta_problem_passes_the_ring_reading_and_names_each_fix():
     assert "returns (slope, intercept)" in checks.alpha_beta_problem(swapped, _predict)
     wrong = checks.alpha_beta_problem(_fit, lambda a, b, n, p: 2 * a + n * b)
     assert wrong.startswith("predict_seconds(") and ", 3)" in wrong
+    # beta read 1.5x off (3(p-1) for 2(p-1)): beta is about 1e-9 s/B, below numpy's atol
+    off = checks.alpha_beta_problem(lambda s, t, p: (_fit(s, t, p)[0], _fit(s, t, p)[1] / 1.5),
+                                    _predict)
+    assert "with p=2 ranks" in off and "beta = b·p / (2(p-1))" in off
 
 
 # ---- Exercise 2's verdict, most telling message first ---------------------------------------

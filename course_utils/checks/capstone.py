@@ -100,10 +100,11 @@ def check_tf_capstone(model: Any, data_root: str = "data", n_test: int = 1000,
 
 
 @contextlib.contextmanager
-def small_data(per_rank: int, slow_s: float = 0.0) -> Iterator[Any]:
+def small_data(per_rank: int, slow_s: float = 0.0, extra: int = 0) -> Iterator[Any]:
     """*Not collective.* Replace the learner's global ``train_set`` for the duration by its first
-    ``per_rank · p`` examples in a dataset that records every index read (``.seen``); the
-    learner's ``train_set`` comes back afterwards. ``slow_s``: seconds each read sleeps."""
+    ``per_rank · p + extra`` examples in a dataset that records every index read (``.seen``);
+    the learner's ``train_set`` comes back afterwards. ``slow_s``: seconds each read sleeps;
+    ``extra`` (< p): examples that ``drop_last=True`` leaves out of every epoch."""
     import torch.distributed as dist
     from torch.utils.data import Dataset
 
@@ -111,7 +112,7 @@ def small_data(per_rank: int, slow_s: float = 0.0) -> Iterator[Any]:
 
     ns = vars(__main__)
     x, y = px_name("train_set").tensors
-    n = per_rank * dist.get_world_size()
+    n = per_rank * dist.get_world_size() + extra
 
     class Recording(Dataset):
         def __init__(self) -> None:
@@ -156,21 +157,23 @@ def _fresh_path(path: str) -> None:
 def engine_check_capstone_loop(fn_name: str = "train_capstone", folder: str = "/tmp",
                                per_rank: int = 64) -> dict[str, Any]:
     """*Collective.* Run the learner's ``fn_name(epochs, ckpt_path, budget_s)`` of
-    ``09_capstone`` on a small slice of ``train_set`` (``per_rank`` examples per rank, read
-    through a recording dataset) with no budget to speak of: 1 epoch from nothing, then 2
-    epochs (it should resume and run only epoch 1), then 2 epochs from nothing again. Returns
-    what the graded test asserts: the sampler's order per epoch (``sampler_ok``,
-    ``set_epoch``), the resume (``resumed_epochs``, ``resume_diff`` against the uninterrupted
-    run) and whether the reported ``val_accuracy`` is the model's."""
+    ``09_capstone`` on a small slice of ``train_set`` (``per_rank`` examples per rank and one
+    more, read through a recording dataset) with no budget to speak of: 1 epoch from nothing,
+    then 2 epochs (it should resume and run only epoch 1), then 2 epochs from nothing again.
+    Returns what the graded test asserts: the reads per epoch (``reads``, ``per_epoch``: the
+    odd example dropped), the sampler's order per epoch (``sampler_ok``, ``set_epoch``), that
+    training moved the weights (``moved``), the resume (``resumed_epochs``, ``resume_diff``
+    against the uninterrupted run) and whether the reported ``val_accuracy`` is the model's."""
     import torch.distributed as dist
 
-    from ..torch_dist.train import evaluate, flat_params
+    from ..torch_dist.train import evaluate, flat_params, original_cnn
 
     fn = px_name(fn_name)
     path = os.path.join(folder, "capstone-loop-check.pt")
-    n, mine = per_rank * dist.get_world_size(), per_rank
+    # one example more than the ranks share evenly: drop_last=True leaves it out
+    n, mine = per_rank * dist.get_world_size() + 1, per_rank
     out: dict[str, Any] = {"rank": dist.get_rank()}
-    with small_data(per_rank) as data:
+    with small_data(per_rank, extra=1) as data:
         _fresh_path(path)
         first = fn(1, path, 1e9)
         data.seen.clear()
@@ -186,8 +189,11 @@ def engine_check_capstone_loop(fn_name: str = "train_capstone", folder: str = "/
                        px_name("val_y").to(next(model.parameters()).device))["accuracy"]
         _fresh_path(path)
     want = [sampler_order(n, e) for e in (0, 1)]
+    start = flat_params(original_cnn(seed=0)).to(flat_params(model).device)
     out.update({
-        "reads": len(reads), "first_epochs": [h.get("epoch") for h in first],
+        "reads": len(reads), "per_epoch": mine, "first_epochs": [h.get("epoch") for h in first],
+        # training happened: two epochs moved the weights from original_cnn(seed=0)'s
+        "moved": float((flat_params(model) - start).abs().max()),
         "sampler_ok": reads[:mine] == want[0],
         "set_epoch": reads[:mine] == want[0] and reads[mine:] == want[1],
         "same_order_twice": reads[:mine] == reads[mine:],

@@ -186,6 +186,14 @@ def run_problems(run: ScriptRun | None, world: int, steps: int,
             "step it returns")
     elif wrong_start:
         problems.append(f"a fresh run must start at step 0: {wrong_start}")
+    lacking = [(s.get("rank"), k) for s in starts for k in ("local_rank", "world_size", "device")
+               if k not in s] + [(d.get("rank"), "step") for d in done if d.get("step") != steps]
+    if lacking:
+        problems.append(
+            f"the 'start' and 'done' lines lack fields (rank, field): {lacking}: "
+            "report(event='start', step=start, local_rank=..., world_size=..., "
+            f"device=str(device)) and report(event='done', step=args.steps (here {steps}), "
+            "**metrics)")
     if [s.get("rank") for s in saved] != [0] or saved[0].get("step") != steps:
         problems.append(
             f"rank 0 alone must save, once, at step {steps}; saves seen: "

@@ -351,16 +351,18 @@ def alpha_beta_problem(fit: Any, predict: Any, ranks: tuple[int, ...] = (2, 3, 4
     for p in ranks:
         seconds = 2 * (p - 1) * alpha + 2 * (p - 1) / p * sizes * beta
         got_a, got_b = (float(v) for v in fit(sizes, seconds, p))
-        if not np.isclose(got_a, alpha, rtol=1e-3) or not np.isclose(got_b, beta, rtol=1e-3):
+        # atol=0: numpy's default (1e-8) would accept any beta near 1e-9 s/B
+        if not np.isclose(got_a, alpha, rtol=1e-3, atol=0) or not np.isclose(
+                got_b, beta, rtol=1e-3, atol=0):
             hint = ("np.polyfit(n, t, 1) returns (slope, intercept), in that order"
-                    if np.isclose(got_a, beta / p, rtol=1e-2) else
+                    if np.isclose(got_a, beta / p, rtol=1e-2, atol=0) else
                     "alpha = a / (2(p-1)) and beta = b·p / (2(p-1)), with the p passed in")
             return (f"with p={p} ranks and times made from alpha={alpha:g} s, beta={beta:g} s/B,"
                     f" my_alpha_beta returned ({got_a:.3g}, {got_b:.3g}): {hint}")
         n = 3 * 2**18
         want = 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta
         got = float(predict(alpha, beta, n, p))
-        if not np.isclose(got, want, rtol=1e-6):
+        if not np.isclose(got, want, rtol=1e-6, atol=0):
             return (f"predict_seconds(alpha, beta, {n}, {p}) returned {got:.4g} s, the ring "
                     f"takes {want:.4g} s: 2(p-1)·alpha + 2(p-1)/p·nbytes·beta")
     return ""

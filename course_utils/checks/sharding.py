@@ -40,9 +40,10 @@ def zero1_model(seed: int = 0) -> Any:
 
 def engine_check_zero1(cls_name: str = "ShardedAdam", steps: int = 4,
                        lr: float = 1e-2) -> dict[str, Any]:
-    """*Collective.* The learner's ``cls_name(params, lr=...)`` under DDP against DDP + torch
-    Adam on the same data: max |w - w_ref|, the frozen bias untouched, the tied weight still one
-    tensor, the bytes the optimizer holds, and step times beside ``ZeroRedundancyOptimizer``.
+    """*Collective.* The learner's ``cls_name(params, lr=..., betas=..., eps=...)`` (not
+    Adam's defaults) under DDP against DDP + torch Adam with the same, on the same data:
+    max |w - w_ref|, the frozen bias untouched, the tied weight still one tensor, the bytes the
+    optimizer holds, and step times beside ``ZeroRedundancyOptimizer``.
 
     ``params`` is passed as the parameters of each layer in turn, so the tied weight appears
     twice (as when two modules' ``parameters()`` are concatenated)."""
@@ -56,12 +57,14 @@ def engine_check_zero1(cls_name: str = "ShardedAdam", steps: int = 4,
     data = sharding.batches(steps + 3, n_in=17, n_out=5, seed=1)
     out: dict[str, Any] = {"rank": dist.get_rank(), "p": dist.get_world_size()}
     ref = zero1_model()
-    ref_ddp, ref_opt = DDP(ref), torch.optim.Adam(ref.parameters(), lr=lr)
+    # not Adam's default betas and eps: a sharded Adam must pass its own on
+    kw = {"lr": lr, "betas": (0.8, 0.95), "eps": 1e-3}
+    ref_ddp, ref_opt = DDP(ref), torch.optim.Adam(ref.parameters(), **kw)
     model = zero1_model()
     ddp = DDP(model)
     frozen = model[0].bias.detach().clone()
     try:
-        opt = cls([q for layer in model for q in layer.parameters()], lr=lr)
+        opt = cls([q for layer in model for q in layer.parameters()], **kw)
         for x, y in data[:steps]:
             for d, o in ((ref_ddp, ref_opt), (ddp, opt)):
                 o.zero_grad()
@@ -73,7 +76,7 @@ def engine_check_zero1(cls_name: str = "ShardedAdam", steps: int = 4,
     n = sum(q.numel() for q in ref.parameters() if q.requires_grad)
     diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(),
                                                            ref.parameters(), strict=True))
-    zero = ZeroRedundancyOptimizer(ref.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
+    zero = ZeroRedundancyOptimizer(ref.parameters(), optimizer_class=torch.optim.Adam, **kw)
     out.update(max_weight_diff=diff, n_params=n, adam_state_bytes=sharding.ADAM_B * n,
                held_bytes=sharding.held_bytes(opt, model),
                frozen_changed=float((model[0].bias - frozen).abs().max()),

@@ -38,8 +38,9 @@ class CatalogueItem(pytest.Item):
                 outcome = mutant_is_killed(entry, walk)
             else:
                 mistake_fails_its_test(entry, walk)
-        finally:
-            damaged = walk.make_clean(before, at)
+        finally:  # a mutant may leave TF servers, on ports the original cells then want
+            damaged = walk.make_clean(before, at, renew=isinstance(
+                entry, MutantEntry) and walk.engines_hold_tensorflow())
         if isinstance(entry, MutantEntry):
             outcome["damaged"] = damaged
             record(outcome)

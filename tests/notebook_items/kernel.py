@@ -140,20 +140,29 @@ class Walk:
                                   timeout=60)
         return "broken" if errors else said.strip()
 
-    def make_clean(self, before: str, upto: int) -> bool:
+    def engines_hold_tensorflow(self) -> bool:
+        """Whether TensorFlow is loaded on the engines: a TF server cannot be stopped inside
+        its process, so what a changed cell started there stays until the engines go."""
+        errors, _, said = execute(self.nbfile.kernel, "print(any(_cu.current().run(lambda: "
+                                  "'tensorflow' in __import__('sys').modules, timeout=15)))",
+                                  timeout=60)
+        return bool(errors) or said.strip() == "True"
+
+    def make_clean(self, before: str, upto: int, renew: bool = False) -> bool:
         """After a mistake, give nbval's next item the kernel it expects: the ranks' process
         group as it was ``before`` the mistake. A group the mistake left where there was none
         is destroyed (a ``leave_group`` that does not leave); otherwise, if the group changed
-        or stopped answering, the engines are restarted and the original cells [0, upto) run
-        again: then this returns True (the mistake damaged the group)."""
+        or stopped answering (or ``renew``: whatever the engines hold), the engines are
+        restarted and the original cells [0, upto) run again. Returns whether the group was
+        damaged (changed or not answering)."""
         after = self.group_state()
         if after == "clean" and before == "none":
             execute(self.nbfile.kernel, "_cu.current().run(_course_group_leave, timeout=15)",
                     timeout=60)
             after = self.group_state()
         print(f"catalogue: the group was {before!r} before, {after!r} after"
-              + (": restarting the engines" if after != before else ""))
-        if after != before:
+              + (": restarting the engines" if after != before or renew else ""))
+        if after != before or renew:
             errors, _, _ = execute(self.nbfile.kernel, "cluster = _cu.restart()")
             assert not errors, f"the catalogue could not restart the engines: {errors}"
             self.done = 0

@@ -235,9 +235,17 @@ def _changes(node: ast.AST, parent: ast.AST | None, bound: frozenset[str], code:
     if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in COMPARISONS:
         swapped = ast.Compare(node.left, [COMPARISONS[type(node.ops[0])]()], node.comparators)
         yield "compare", ast.unparse(swapped)
-    if isinstance(node, ast.Return) and node.value is not None and not isinstance(
-            node.value, ast.Constant):
+    if isinstance(node, ast.Return) and node.value is not None and not _empty(node.value):
         yield "value", "return " + ZERO_OF.format(ast.unparse(node.value))
+
+
+def _empty(node: ast.AST) -> bool:
+    """A constant, or an empty list, tuple, dict or set: its zero is itself."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return not node.elts
+    return isinstance(node, ast.Dict) and not node.keys
 
 
 def _keywords(node: ast.Call, code: str) -> Iterator[tuple[str, str]]:
