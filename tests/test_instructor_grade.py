@@ -303,8 +303,11 @@ def build_class(course, folder: Path) -> dict[str, dict]:
                      r"kernel: cluster\.run, rank 0: course_utils\.checks\.collective_calls\."
                      r"engine_ch")},
             "graded"),
-        # a %%px cell that never returns: the cell limit stops it, nothing after it runs
-        "c_infinite_loop": (_append(S(), "ex1-solution", "while True:\n    pass\n"),
+        # a %%px cell that never returns: the cell limit stops it, nothing after it runs. It
+        # sleeps in its loop: a bare `pass` would keep both cores of a 2-core machine busy
+        # for the whole limit, and the grader stops either the same way (an interrupt)
+        "c_infinite_loop": (_append(S(), "ex1-solution",
+                                    "import time\nwhile True:\n    time.sleep(0.05)\n"),
                             "ex1-solution", None, "timeout"),
         # only rank 0 calls all_reduce on cu.start_torch()'s group (60 s timeout): rank 0 waits
         # for rank 1 past the cell limit. ex1 and the prediction were tested before it.
