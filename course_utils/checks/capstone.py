@@ -240,8 +240,10 @@ def check_capstone_stop(cluster: Any, fn_name: str = "train_capstone", folder: s
     """*In the kernel* (``09_capstone``, exercise 2). Run :func:`engine_check_capstone_stop` in
     a process group whose collectives time out after ``group_timeout`` s (so a rank left
     behind fails in seconds, not minutes), then give the ranks their usual group back.
-    Returns ``same`` (every rank ran the same epochs, no error), ``per_rank`` and ``message``
-    (what happened and the fix)."""
+    Returns ``same`` (every rank ran the same epochs, no error), ``stopped`` (at most one
+    epoch: the ranks that started on time had spent ``late_s`` s, past the budget, by the
+    second check at the latest, so a stop that follows the slowest clock ends there),
+    ``per_rank`` and ``message`` (what happened and the fix)."""
     from ..torch_dist import process_group
 
     process_group.stop(cluster)
@@ -258,9 +260,17 @@ def check_capstone_stop(cluster: Any, fn_name: str = "train_capstone", folder: s
     said = "; ".join(f"rank {r['rank']}: " + (f"ran epochs {r['epochs']} and returned after "
                                              f"{r['seconds']:.1f} s" if r["error"] is None
                                              else f"left behind, {r['error']}") for r in res)
+    stopped = same and len(res[0]["epochs"] or []) <= 1
     message = "" if same else (
         f"the ranks did not stop together when rank {res[-1]['rank']} started {late_s:g} s "
         f"late with budget_s={budget_s:g} ({said}): each rank decided from its own clock. "
         "Fix: decide together: elapsed = torch.tensor([time.time() - start]); "
         "dist.all_reduce(elapsed, op=dist.ReduceOp.MAX); stop when elapsed.item() > budget_s")
-    return {"same": same, "per_rank": res, "message": message}
+    if same and not stopped:
+        message = (
+            f"rank {res[-1]['rank']} started {late_s:g} s late with budget_s={budget_s:g}: the "
+            f"others had spent over {late_s:g} s by the second check, yet every rank ran "
+            f"epochs {res[0]['epochs']}: the stop followed a clock that had not run out. Fix: "
+            "stop by the slowest clock: dist.all_reduce(elapsed, op=dist.ReduceOp.MAX), then "
+            "stop when elapsed.item() > budget_s")
+    return {"same": same, "stopped": stopped, "per_rank": res, "message": message}
