@@ -30,7 +30,6 @@ class CatalogueItem(pytest.Item):
         entry, at = self.entry, self.at
         walk.run_original(at)  # the cells before it that nbval did not run (a restart, -k)
         before = walk.group_state()
-        damaged = False
         try:
             if isinstance(entry, Stub):
                 stub_fails_its_tests(entry, walk)
