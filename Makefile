@@ -26,15 +26,17 @@ lab: install
 # pyproject.toml's --dist loadfile keeps each file, and each notebook's cells, on one worker;
 # a test that hangs fails after pytest-timeout's limit there, naming itself.
 TEST_WORKERS ?= 3
+# Each run also plants a few mutants of the solutions, drawn anew (the seed is the run's own;
+# pytest's header prints it): over many runs every quick one is tried. `make mutants` runs all.
+MUTANTS_PER_RUN ?= 6
 
 test: install
 	$(PY) -m ruff check course_utils tests tools conftest.py
-	$(PY) -m pytest -n $(TEST_WORKERS)
+	COURSE_MUTANTS_PER_RUN=$(MUTANTS_PER_RUN) $(PY) -m pytest -n $(TEST_WORKERS)
 
 # Every mutant of every solution (tools/mutation) against its exercise's visible tests, as
 # nbval's run plants them (tests/notebook_items/mutants.py), then the report in docs/mutants.md.
-# An instructor's check before a workshop, not part of `make test` (which runs
-# COURSE_MUTANTS_PER_EXERCISE of them; 0 by default).
+# An instructor's check before a workshop; `make test` runs MUTANTS_PER_RUN of them.
 MUTANTS_OUT ?= build/mutants.jsonl
 MUTANTS_K   ?= mut_
 

@@ -47,6 +47,10 @@ def test_explain_join_other_mistakes():
         outcome(0, error="NotImplementedError: "), outcome(1, error="NotImplementedError: "))
     assert "rank-map rank 0 claimed rank 1" in why(outcome(0, 1), outcome(1, 0))
     assert "world sizes [3]" in why(outcome(0, 0, world=3), outcome(1, 1, world=3))
+    nobackend = [outcome(0, 0), outcome(1, 1)]
+    for o in nobackend:
+        o["claims"][0]["backend"] = "None"
+    assert "backends ['None']" in why(*nobackend) and 'backend="gloo"' in why(*nobackend)
     assert "tcp://127.0.0.1:23456" in why(outcome(0, 0, method="tcp://127.0.0.1:23456"),
                                           outcome(1, 1, method="tcp://127.0.0.1:23456"))
     assert "timeout=datetime.timedelta" in why(outcome(0, 0, timeout_s=None),

@@ -24,6 +24,15 @@ def test_every_mutant_has_its_own_short_id_and_a_draw_is_replayed_by_its_seed(mo
     assert all((e.notebook, e.mutant.id) != listed for s in range(20) for e in mut.drawn("1", s))
 
 
+def test_a_run_draws_its_few_across_the_quick_cells_only():
+    some = mut.drawn("0", 7, per_run=6)
+    assert len(some) == 6 and len({e.id for e in some}) == 6
+    assert [e.id for e in mut.drawn("0", 7, per_run=6)] == [e.id for e in some]
+    slow = {(e.notebook, e.stub.grade_id) for s in range(40) for e in mut.drawn("0", s, 6)}
+    assert not slow & set(mut.SLOW_CELLS) and len(slow) > 6  # the draws move around
+    assert len(mut.drawn("1", 7, per_run=6)) == len(mut.drawn("1", 7)) + 6
+
+
 def test_each_listed_equivalent_mutant_is_one_the_tool_makes():
     made = {(e.notebook, e.mutant.id) for e in mut.all_mutants()}
     listed = mut.equivalent()
@@ -35,14 +44,16 @@ def test_each_listed_equivalent_mutant_is_one_the_tool_makes():
 def test_the_seed_is_the_runs_own_and_the_same_on_every_worker(monkeypatch):
     monkeypatch.delenv("COURSE_MUTANTS_SEED", raising=False)
     monkeypatch.delenv("COURSE_MUTANTS_PER_EXERCISE", raising=False)
+    monkeypatch.delenv("COURSE_MUTANTS_PER_RUN", raising=False)
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", "abc")
     first = mut.selection()
-    assert first == mut.selection() and first[0] == "0"
+    assert first == mut.selection() and first[:2] == ("0", 0) and not first.any
     monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", "abd")
-    assert mut.selection()[1] != first[1]
+    assert mut.selection().seed != first.seed
     monkeypatch.setenv("COURSE_MUTANTS_SEED", "42")
     monkeypatch.setenv("COURSE_MUTANTS_PER_EXERCISE", "2")
-    assert mut.selection() == ("2", 42)
+    monkeypatch.setenv("COURSE_MUTANTS_PER_RUN", "5")
+    assert mut.selection() == ("2", 5, 42)
 
 
 def test_the_report_counts_each_exercise_and_lists_what_was_not_killed(tmp_path):

@@ -125,6 +125,14 @@ def test_route_hint_names_sending_left():
     assert "send to the right" in ring_allreduce.ring_route_hint(_results(p, n, routes))
 
 
+def test_route_hint_says_nothing_of_left_and_right_on_two_ranks():
+    # with 2 ranks (r - 1) % 2 == (r + 1) % 2: a right ring and a left one send alike
+    p, n = 2, 12
+    routes = _ring_routes(p, n, lambda r: (r - 1) % p,
+                          lambda r: ring_allreduce.ring_schedule_chunks(r, p))
+    assert ring_allreduce.ring_route_hint(_results(p, n, routes)) == ""
+
+
 def test_route_hint_names_local_rank():
     p, n, local = 4, 12, [0, 1, 0, 1]
     routes = _ring_routes(p, n, lambda r: (local[r] + 1) % p,

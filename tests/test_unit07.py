@@ -46,7 +46,8 @@ def test_alpha_beta_problem_passes_the_ring_reading_and_names_each_fix():
 # ---- Exercise 2's verdict, most telling message first ---------------------------------------
 def _result(**step: object) -> dict:
     s = {"launches": 4, "async": 4, "values": 1000, "lead_s": 0.01, "waited_in_backward": 0,
-         "never_waited": 0, "pending_after": 0, **step}
+         "never_waited": 0, "pending_after": 0, "sizes": [250] * 4, "want_sizes": [250] * 4,
+         **step}
     return {"rank": 0, "world_size": 2, "grad_values": 1000, "steps": [s],
             "frozen_equal": True, "grad_ratio": 1.0, "max_weight_diff": 0.0}
 
@@ -60,12 +61,23 @@ def _result(**step: object) -> dict:
     ({"async": 0}, "async_op=True"),
     ({"values": 700}, "launch the last, partial bucket first"),
     ({"values": 1300}, "register one hook per parameter"),
+    # a full bucket kept until one more gradient came (> for >=): same values, other buckets
+    ({"sizes": [500, 500]}, "as soon as the bucket holds at least self.cap bytes (>=)"),
     ({"never_waited": 2}, "call work.wait() on every pending bucket"),
     ({"pending_after": 1}, "leave no pending work behind"),
 ])
 def test_overlap_dp_problem_order(step, fix):
     got = checks.overlap_dp_problem(_result(**step))
     assert (fix in got) if fix else got == ""
+
+
+def testbuckets_by_rule_launches_at_the_cap_and_sync_sends_the_rest():
+    from course_utils.checks.performance import buckets_by_rule
+
+    # 4-byte values, cap 1000 bytes: 250 values fill a bucket exactly (>= launches it)
+    assert buckets_by_rule([250, 10, 240, 100], 1000, 4) == [250, 250, 100]
+    assert buckets_by_rule([100, 100], 1000, 4) == [200]
+    assert buckets_by_rule([], 1000, 4) == []
 
 
 def test_overlap_dp_problem_divide_frozen_and_weights():

@@ -6,7 +6,7 @@ function under observation and returns plain data for the test cell's asserts.
 
 from __future__ import annotations
 
-from .capstone import check_tf_capstone, engine_check_capstone, engine_check_resume
+from .capstone import engine_check_capstone, engine_check_resume
 from .collective_calls import engine_check_collectives
 from .common import learner_line
 from .data_parallel import dp_step_problem, engine_check_dp_step
@@ -17,6 +17,7 @@ from .performance import (
     overlap_dp_at,
     overlap_dp_problem,
 )
+from .ps_capstone import check_tf_capstone, tf_start_and_resume_problem
 from .ring_allreduce import engine_check_all_reduce, engine_check_point_to_point_only, ring_problem
 from .sharding import engine_check_bounds, engine_check_fsdp, engine_check_zero1
 from .spawn import RankFailed, spawn
@@ -28,7 +29,7 @@ from .training import (
     engine_check_sampler,
     save_as_if_on,
 )
-from .watchdog_and_save import engine_check_atomic_save, engine_check_watchdog
+from .watchdog_and_save import engine_check_atomic_save, engine_check_watchdog, watchdog_at
 
 __all__ = ["alpha_beta_problem", "check_tf_capstone", "dp_step_problem",
            "engine_check_all_reduce", "engine_check_atomic_save", "engine_check_bounds",
@@ -38,4 +39,4 @@ __all__ = ["alpha_beta_problem", "check_tf_capstone", "dp_step_problem",
            "engine_check_sampler", "engine_check_train_graph", "engine_check_watchdog",
            "engine_check_zero1", "engine_tf_one_step", "engine_tf_servers", "feedback",
            "learner_line", "overlap_dp_at", "overlap_dp_problem", "RankFailed", "ring_problem",
-           "save_as_if_on", "spawn"]
+           "save_as_if_on", "spawn", "tf_start_and_resume_problem", "watchdog_at"]

@@ -76,29 +76,6 @@ def engine_check_resume(fn_name: str = "resume_or_start", folder: str = "/tmp"
             "weight_diff": diff, "momentum_restored": has_momentum}
 
 
-def check_tf_capstone(model: Any, data_root: str = "data", n_test: int = 1000,
-                      batch: int = 250) -> dict[str, Any]:
-    """*In the kernel* (part B of ``09_capstone``). Score the learner's TensorFlow model (a
-    callable from a float32 batch (N, 32, 32, 3) to logits) on the same held-out test split as
-    :func:`engine_check_capstone`, and say whether every variable of it lives on a ps task
-    (created under ``strategy.scope()``). Returns accuracy, dataset name, target, ``n``,
-    ``on_ps`` and the variables' ``devices``."""
-    import numpy as np
-
-    from ..data import cifar10
-    from ..tf_dist.models import nhwc
-
-    test = cifar10(data_root, train=False, n=n_test, download=False)
-    x = nhwc(test.x)
-    preds = [np.argmax(np.asarray(model(x[i:i + batch])), 1) for i in range(0, len(x), batch)]
-    acc = float(np.mean(np.concatenate(preds) == test.y))
-    variables = list(getattr(model, "trainable_variables", ()))
-    devices = sorted({str(getattr(v, "device", "")) for v in variables})
-    return {"accuracy": acc, "data": test.name, "target": TARGET.get(test.name, 0.0),
-            "n": len(test.y), "devices": devices,
-            "on_ps": bool(devices) and all("/job:ps/" in d for d in devices)}
-
-
 @contextlib.contextmanager
 def small_data(per_rank: int, slow_s: float = 0.0, extra: int = 0) -> Iterator[Any]:
     """*Not collective.* Replace the learner's global ``train_set`` for the duration by its first

@@ -211,7 +211,10 @@ def _spied_steps(ours: Any, opt: Any, data: list[tuple[Any, Any]]
                                           for d in launches),
                 "never_waited": sum(d["waited"] is None and d["asked"] is None and d["async"]
                                     for d in launches),
-                "pending_after": len(getattr(ours, "pending", []) or [])})
+                "pending_after": len(getattr(ours, "pending", []) or []),
+                "sizes": [d["numel"] for d in launches],
+                "want_sizes": buckets_by_rule([n for _, _, n in hooks], getattr(ours, "cap", 0),
+                                               first[0].element_size() if first else 4)})
             timeline = {"backward": [0.0, back_end - back_start],
                         "sync_end": sync_end - back_start, "bucket_of": buckets,
                         "hooks": [(t - back_start, i, n) for t, i, n in hooks],
@@ -223,6 +226,19 @@ def _spied_steps(ours: Any, opt: Any, data: list[tuple[Any, Any]]
         for h in handles:
             h.remove()
     return per_step, first, timeline
+
+
+def buckets_by_rule(numels: list[int], cap: int, item_bytes: int) -> list[int]:
+    """The buckets (values in each, in launch order) that the exercise's rule makes from
+    gradients arriving with ``numels`` values each: a bucket is launched as soon as it holds at
+    least ``cap`` bytes, and ``sync()`` launches the last, partial one."""
+    out, held = [], 0
+    for n in numels:
+        held += n
+        if held * item_bytes >= cap:
+            out.append(held)
+            held = 0
+    return out + ([held] if held else [])
 
 
 def _bucket_of(ours: Any) -> dict[int, int]:
@@ -320,6 +336,10 @@ def overlap_dp_problem(r: dict[str, Any]) -> str:
             return (on + f"{s['values']} gradient values were all-reduced per step, but the "
                     f"parameters that require grad hold {want}: register one hook per "
                     "parameter (model.parameters() lists a tied weight once)")
+        if s["sizes"] != s["want_sizes"]:
+            return (on + f"expected buckets of {s['want_sizes']} gradient values (in launch "
+                    f"order), found {s['sizes']}: launch from the hook as soon as the bucket "
+                    "holds at least self.cap bytes (>=), counting numel() * element_size()")
         if s["never_waited"]:
             return (on + f"{s['never_waited']} all_reduce(s) were never waited for: in sync(), "
                     "call work.wait() on every pending bucket before copying it back (the "

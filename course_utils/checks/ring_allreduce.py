@@ -266,12 +266,14 @@ def ring_route_hint(results: list[dict[str, Any]]) -> str:
 
     p, n = len(results), results[0]["n"]
     dsts = {r["rank"]: [d for d, _ in r.get("routes", [])] for r in results}
-    if all(set(d) == {(k - 1) % p} for k, d in dsts.items() if d) and any(dsts.values()):
+    # with 2 ranks left and right are the same rank: the destinations say nothing
+    if p > 2 and all(set(d) == {(k - 1) % p} for k, d in dsts.items() if d) and any(
+            dsts.values()):
         return (" Every rank sent to its LEFT neighbour (rank - 1) % world_size: send to the "
                 "right, (rank + 1) % world_size, and receive from the left.")
     local = {r["rank"]: r.get("local_rank", r["rank"]) for r in results}
     off = [k for k, d in dsts.items() if d and set(d) != {(k + 1) % p}]
-    if off and any(local[k] != k for k in off) and all(
+    if p > 2 and off and any(local[k] != k for k in off) and all(
             set(dsts[k]) <= {(local[k] + 1) % p, (local[k] - 1) % p} for k in off):
         k = off[0]
         return (f" Rank {k} (local rank {local[k]} on its host) sent to rank {dsts[k][0]}: the "
@@ -295,47 +297,52 @@ def ring_route_hint(results: list[dict[str, Any]]) -> str:
 
 
 def ring_on_more_ranks(fn_name: str = "ring_all_reduce", ranks: tuple[int, ...] = (4, 3),
-                       sizes: tuple[int, ...] = (12, 13, 7, 1, 1001), bytes_sizes: tuple[int, ...]
+                       sizes: tuple[Any, ...] = (12, 13, 7, 1, 1001), bytes_sizes: tuple[int, ...]
                        = (), dtype: str = "float32", point_to_point_only: bool = False,
                        cluster: Any = None, timeout: float = 90.0) -> str | None:
     """Kernel side. Run the learner's ``%%px`` ring on ranks of its own, ``ranks`` of them in
-    turn (default 4 on two simulated hosts of 2, then 3), for every size in ``sizes`` (and the
-    byte checks for ``bytes_sizes``), through :func:`~course_utils.checks.spawn.spawn`.
-    Returns the first problem (with :data:`MORE_RANKS_NOTE` and :func:`ring_route_hint`), or
-    ``None``. The course's cluster and process group are not used for the messages.
-    Introduced in ``01_collectives``."""
+    turn (default 4 on two simulated hosts of 2, then 3), for every size in ``sizes`` (an
+    ``n``, or ``(n, dtype)``; else ``dtype``) and the byte checks for ``bytes_sizes``, through
+    :func:`~course_utils.checks.spawn.spawn`. Returns the first problem (with
+    :data:`MORE_RANKS_NOTE` past 2 ranks, and :func:`ring_route_hint`), or ``None``. The
+    course's cluster and process group are not used for the messages: a ring whose two sides
+    disagree on a chunk's size makes gloo abort the receiving process, which here is the
+    check's own. Introduced in ``01_collectives``."""
     from .spawn import RankFailed, spawn
 
     probe = "engine_check_point_to_point_only" if point_to_point_only else \
         "engine_check_all_reduce"
-    calls = [(probe, [fn_name, n, 20 + k] + ([] if point_to_point_only else [dtype]))
-             for k, n in enumerate(sizes)]
+    pairs = [(s, dtype) if isinstance(s, int) else tuple(s) for s in sizes]
+    calls = [(probe, [fn_name, n, 20 + k] + ([] if point_to_point_only else [dt]))
+             for k, (n, dt) in enumerate(pairs)]
     calls += [("engine_check_all_reduce", [fn_name, n]) for n in bytes_sizes]
     for p in ranks:
+        note = MORE_RANKS_NOTE if p > 2 else ""
         try:
             done = spawn(f"{__name__}:engine_ring_calls", p, cells=[fn_name], cluster=cluster,
                          hosts=(p // 2, p - p // 2) if p >= 4 else (p,), timeout=timeout,
                          collective_timeout=20, calls=calls)
         except RankFailed as exc:
-            return ring_crash_problem(fn_name, exc.rank, exc.said) if exc.signal_name else \
-                feedback_side(fn_name, p, [exc.said])
+            return ring_crash_problem(fn_name, exc.rank, exc.said, note) if exc.signal_name \
+                else feedback_side(fn_name, p, [exc.said], note)
         for k in range(len(calls)):
             res = [per_rank[k] if k < len(per_rank) else {"side_error": "stopped: a peer "
                    "failed an earlier size"} for per_rank in done]
             failed = [r["side_error"] for r in res if isinstance(r, dict) and "side_error" in r]
             if failed:
-                return feedback_side(fn_name, len(res), failed)
-            problem = ring_problem(res, fn_name) if k < len(sizes) else \
+                return feedback_side(fn_name, len(res), failed, note)
+            problem = ring_problem(res, fn_name) if k < len(pairs) else \
                 ring_bytes_problem(res, fn_name)
             if problem is not None:
-                return problem + MORE_RANKS_NOTE + ring_route_hint(res)
+                return problem + note + ring_route_hint(res)
     return None
 
 
 def engine_ring_calls(calls: list[tuple[str, list[Any]]]) -> list[Any]:
     """*Collective*, on a rank of :func:`ring_on_more_ranks`'s world: each probe of this module
     in turn; a probe's error is said (``{"side_error": ...}``), not raised, and ends the run
-    (the group is not fit for the next size: each would wait out its timeout)."""
+    (the group is not fit for the next size: each would wait out its timeout), as does a result
+    that got stuck or raised."""
     out: list[Any] = []
     for name, args in calls:
         try:
@@ -343,27 +350,29 @@ def engine_ring_calls(calls: list[tuple[str, list[Any]]]) -> list[Any]:
         except Exception as exc:
             out.append({"side_error": f"{type(exc).__name__}: {str(exc)[:300]}"})
             break
+        if isinstance(out[-1], dict) and (out[-1].get("stuck") or out[-1].get("error")):
+            break   # reported first anyway; a deadlock would cost its 5 s again per size
     return out
 
 
-def ring_crash_problem(fn_name: str, rank: int, said: str) -> str:
+def ring_crash_problem(fn_name: str, rank: int, said: str, note: str = MORE_RANKS_NOTE) -> str:
     """The message for a rank of the check's own that gloo aborted (pure)."""
     from .feedback_format import feedback
 
     return feedback(
-        f"{fn_name} on the check's own ranks", "every chunk received into a buffer of its size",
-        f"gloo aborted rank {rank}: {said}",
+        f"{fn_name} on the check's own ranks", "every chunk received into a buffer of its size "
+        "and dtype", f"gloo aborted rank {rank}: {said}",
         "a rank received a different chunk than its neighbour sent at that step: sender and "
-        "receiver must agree at every step." + MORE_RANKS_NOTE + " Send to the right, (rank + "
-        "1) % world_size, and receive from the left; use rank, not local_rank; the chunk must "
-        "move with the step: at step s send (r - s) % p and receive (r - s - 1) % p in "
-        "reduce-scatter, send (r + 1 - s) % p and receive (r - s) % p in all-gather.")
+        "receiver must agree at every step, on the chunk and on the dtype." + note + " Send to "
+        "the right, (rank + 1) % world_size, and receive from the left; use rank, not "
+        "local_rank; the chunk must move with the step: at step s send (r - s) % p and receive "
+        "(r - s - 1) % p in reduce-scatter, send (r + 1 - s) % p and receive (r - s) % p in "
+        "all-gather; receive into buffers of t's dtype.")
 
 
-def feedback_side(fn_name: str, p: int, failed: list[str]) -> str:
+def feedback_side(fn_name: str, p: int, failed: list[str], note: str = MORE_RANKS_NOTE) -> str:
     """The message for a probe that raised on the check's own ranks."""
     from .feedback_format import feedback
 
     return feedback(f"{fn_name} on the check's own {p} ranks", "no error", failed[0],
-                    "read the error: it is your function's, raised on these ranks."
-                    + MORE_RANKS_NOTE)
+                    "read the error: it is your function's, raised on these ranks." + note)

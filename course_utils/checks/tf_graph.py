@@ -15,15 +15,17 @@ GRAPH_KEYS = ("x", "y_", "W", "b", "logits", "loss", "accuracy", "global_step", 
 
 
 def engine_tf_servers() -> dict[str, dict[str, Any]]:
-    """The servers this engine registered: ``{"ps:0": {"job", "task", "port"}}``, read from
-    each server's own definition (so a server started for the wrong task shows)."""
+    """The servers this engine registered: ``{"ps:0": {"job", "task", "port", "inter_op"}}``,
+    read from each server's own definition (so a server started for the wrong task shows);
+    ``inter_op``: the size of its inter-op pool (0: TensorFlow's default)."""
     from ..tf_dist.servers import registered_servers
 
     out = {}
     for name, server in sorted(registered_servers().items()):
         sd = server.server_def
         port = int(server.target.rsplit(":", 1)[-1])
-        out[name] = {"job": sd.job_name, "task": int(sd.task_index), "port": port}
+        out[name] = {"job": sd.job_name, "task": int(sd.task_index), "port": port,
+                     "inter_op": int(sd.default_session_config.inter_op_parallelism_threads)}
     return out
 
 
@@ -154,11 +156,11 @@ def _loss_fix(got: float, ref: dict[str, Any]) -> str:
 
 
 def engine_graph_values(fn_name: str = "build_graph") -> dict[str, Any]:
-    """Build unit 4's graph with the ``%%px`` function ``fn_name(worker_index)``, set ``W`` and
-    ``b`` to the fixed values of :func:`reference_batch`, and return the ``loss`` and
-    ``accuracy`` it computes on that batch next to NumPy's, with the fix for each that differs.
-    Runs in a local session on a copy of the graph with its devices cleared: it touches no
-    server and no variable on the ps."""
+    """Build unit 4's graph with the ``%%px`` function ``fn_name(worker_index)``, note the
+    largest initial value of ``W`` and ``b`` (``start``), set them to the fixed values of
+    :func:`reference_batch`, and return the ``loss`` and ``accuracy`` it computes on that batch
+    next to NumPy's, with the fix for each that differs. Runs in a local session on a copy of
+    the graph with its devices cleared: it touches no server and no variable on the ps."""
     import __main__
 
     from ..tf_dist import quiet_tensorflow
@@ -180,12 +182,13 @@ def engine_graph_values(fn_name: str = "build_graph") -> dict[str, Any]:
         tensor = {k: copy.get_tensor_by_name(t[k].name) for k in ("x", "y_", "loss", "accuracy")}
         with tf.compat.v1.Session(graph=copy) as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
+            start = {k: float(abs(var.eval(sess)).max()) for k, var in wanted.items()}
             for k, var in wanted.items():
                 var.load(ref[k], sess)
             loss, acc = sess.run([tensor["loss"], tensor["accuracy"]],
                                  {tensor["x"]: ref["x"], tensor["y_"]: ref["y"]})
     return {"loss": float(loss), "want_loss": ref["loss"], "loss_fix": _loss_fix(float(loss), ref),
-            "accuracy": float(acc), "want_accuracy": ref["accuracy"]}
+            "accuracy": float(acc), "want_accuracy": ref["accuracy"], "start": start}
 
 
 #: Op types ``SyncReplicasOptimizer`` adds to a graph (one accumulator per variable).
@@ -197,7 +200,8 @@ def engine_graph_sync(fn_name: str = "build_graph", workers: int = 3) -> dict[st
     cluster of ``workers`` workers (``tf_cluster`` is swapped for such a spec while building,
     then restored: building a graph contacts no server). For each mode: the gradient
     accumulators, the ``replicas_to_aggregate`` they wait for, the hooks returned, and the
-    devices of ``loss`` and ``W``."""
+    devices of ``loss`` and ``W``; and ``chief``: per worker, the ``is_chief`` of its sync
+    hooks."""
     import __main__
 
     ns = vars(__main__)
@@ -217,6 +221,9 @@ def engine_graph_sync(fn_name: str = "build_graph", workers: int = 3) -> dict[st
                 "replicas_to_aggregate": required,
                 "hooks": [type(h).__name__ for h in hooks],
                 "loss": t["loss"].device, "W": t["W"].device}
+        # which worker's sync hook acts as the chief (the hook keeps is_chief as _is_chief)
+        out["chief"] = [[getattr(h, "_is_chief", None) for h in ns[fn_name](w, True)[2]
+                         if hasattr(h, "_is_chief")] for w in range(workers)]
     finally:
         ns["tf_cluster"] = real
     return out

@@ -145,7 +145,56 @@ def engine_check_ddp(fn_name: str = "wrap_ddp", x_name: str = "X",
     moved = _moves_to_device(ns, fn_name) if isinstance(ddp, DDP) else None
     return {"error": None, "is_ddp": isinstance(ddp, DDP), "param_spread": start_spread,
             "grad_spread": train.grad_spread(inner),
-            "vs_manual": float((train.flat_grads(inner) - expected).abs().max()), "moved": moved}
+            "vs_manual": float((train.flat_grads(inner) - expected).abs().max()), "moved": moved,
+            "gpu_branch": _gpu_branch(ns, fn_name) if isinstance(ddp, DDP) else None}
+
+
+def _gpu_branch(ns: dict[str, Any], fn_name: str) -> str | None:
+    """What ``fn_name(model)`` does when ``device`` is a GPU, seen on any machine: ``None`` when
+    it returns what ``DDP(model, device_ids=[device.index])`` returned, else what differed.
+
+    ``device`` is set to ``cuda:1`` and the name ``DDP`` in the learner's namespace to a
+    recorder (torch's class is untouched); the model's ``to`` only records, so no GPU is needed.
+    A function that spells DDP otherwise reaches the real class, which refuses ``device_ids``
+    for a CPU model and names the ids it got in its message: that is accepted when they are
+    ``[1]``."""
+    import torch
+
+    class Recorded:
+        pass
+
+    calls: list[tuple[tuple, dict]] = []
+    made = Recorded()
+
+    def recorder(*args: Any, **kwargs: Any) -> Any:
+        calls.append((args, kwargs))
+        return made
+
+    class Model(torch.nn.Linear):
+        went: list[Any] = []
+
+        def to(self, *args: Any, **kwargs: Any) -> Any:  # records, moves nothing
+            self.went.append(args[0] if args else kwargs.get("device"))
+            return self
+
+    saved = {k: ns.get(k) for k in ("device", "DDP")}
+    ns["device"], ns["DDP"] = torch.device("cuda", 1), recorder
+    model = Model(2, 2)
+    try:
+        got = ns[fn_name](model)
+    except (RuntimeError, ValueError) as exc:
+        return None if "device_ids [1]" in str(exc) else f"it raised {type(exc).__name__}: {exc}"
+    finally:
+        for k, v in saved.items():
+            ns.pop(k) if v is None else ns.__setitem__(k, v)
+    if not calls:
+        return "it never called DDP(...)"
+    _, kwargs = calls[-1]
+    if kwargs.get("device_ids") != [1]:
+        return f"DDP got device_ids={kwargs.get('device_ids')!r}"
+    if got is not made:
+        return f"it returned {type(got).__name__}, not the DDP module"
+    return None
 
 
 def _moves_to_device(ns: dict[str, Any], fn_name: str) -> bool:

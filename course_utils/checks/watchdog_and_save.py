@@ -15,22 +15,38 @@ from .. import settings
 from ..cluster.engines.engine import px_name
 
 
-def engine_check_watchdog(fn_name: str = "who_is_missing", late_rank: int = 1,
+def engine_check_watchdog(fn_name: str = "who_is_missing", late_ranks: tuple[int, ...] = (1,),
                           timeout_s: float = 1.0) -> dict[str, Any]:
     """*Collective.* Call the learner's ``fn_name(timeout_s)`` twice: every rank on time, then
-    with ``late_rank`` arriving ``2·timeout_s + 0.5`` s late. Returns both answers and how long
+    with ``late_ranks`` arriving ``2·timeout_s + 0.5`` s late. Returns both answers and how long
     the second call took on this rank (a watchdog must give up near ``timeout_s``)."""
     import torch.distributed as dist
 
     fn = px_name(fn_name)
     on_time = fn(timeout_s)
     dist.barrier()
-    if dist.get_rank() == late_rank:
+    if dist.get_rank() in late_ranks:
         time.sleep(2 * timeout_s + 0.5)
     t0 = time.perf_counter()
     late = fn(timeout_s)
     return {"rank": dist.get_rank(), "on_time": on_time, "late": late,
             "late_seconds": time.perf_counter() - t0}
+
+
+def watchdog_at(late_ranks: tuple[int, ...] = (1, 3), hosts: tuple[int, ...] = (2, 2),
+                fn_name: str = "who_is_missing", timeout_s: float = 1.0,
+                cluster: Any = None) -> dict[str, Any]:
+    """*Kernel side.* :func:`engine_check_watchdog` on a world of its own (:func:`.spawn.spawn`:
+    ``hosts`` simulated hosts, four ranks by default, so rank and local rank differ), running
+    the learner's cell that defines ``fn_name``; returns rank 0's answer. The learner's cluster
+    is not touched: a late rank's message, never received by a rank 0 that has given up, would
+    otherwise be left in its group. Introduced in ``08_hangs_and_faults``."""
+    from .spawn import spawn
+
+    res = spawn("engine_check_watchdog", sum(hosts), cells=[fn_name], cluster=cluster,
+                hosts=hosts, timeout=60, fn_name=fn_name, late_ranks=tuple(late_ranks),
+                timeout_s=timeout_s)
+    return res[0]
 
 
 _CHILD = r"""

@@ -39,6 +39,7 @@ from .coordinator import (
 from .graph_v1 import (
     cross_task_traffic,
     guard_message,
+    guarded_session,
     run_training,
     session_config,
     step_guard,
@@ -76,7 +77,7 @@ from .taskset import TaskSet, active, pick_ports, wait_ready
 __all__ = [
     "JOBS", "READY_TIMEOUT", "TFServerNotAnswering", "TFTimeout", "TaskSet", "active",
     "adopt_servers", "cluster_dict", "cross_task_traffic", "examples_per_worker",
-    "guard_message", "hosted_by_rank",
+    "guard_message", "guarded_session", "hosted_by_rank",
     "inter_op_threads", "intra_op_threads", "join", "join_within", "kill_rank",
     "make_tf_config", "pick_ports", "plan_roles", "prepare_chief", "quiet_tensorflow",
     "register_server", "restart_ps", "run_training", "server_config", "session_config",

@@ -93,11 +93,21 @@ def guard_message(worker: int | None, runs: int, first: int, last: int, last_ste
 
 
 
+#: The target and device filters of the last session a :func:`step_guard` saw opened.
+GUARDED_SESSION: dict[str, Any] = {}
+
+
+def guarded_session() -> dict[str, Any]:
+    """What :data:`GUARDED_SESSION` holds on this engine (for ``cluster.run``)."""
+    return dict(GUARDED_SESSION)
+
+
 def step_guard(global_step: Any, last_step: int, limit_s: float = 30.0,
                worker: int | None = None) -> Any:
     """A ``SessionRunHook`` that ends a training loop still running after ``limit_s`` seconds
     with a :class:`TFTimeout` saying whether ``global_step`` advanced and which hook should have
-    stopped the loop (instead of a silent multi-minute wait). Used by ``04_tf_classic_ps``."""
+    stopped the loop (instead of a silent multi-minute wait); it also notes the session's target
+    and device filters (:func:`guarded_session`). Used by ``04_tf_classic_ps``."""
     tf = quiet_tensorflow()
 
     class StepGuard(tf.compat.v1.train.SessionRunHook):
@@ -105,6 +115,15 @@ def step_guard(global_step: Any, last_step: int, limit_s: float = 30.0,
             self.t0: float | None = None
             self.first: int | None = None
             self.runs = 0
+
+        def after_create_session(self, session: Any, coord: Any) -> None:
+            # what the learner's session was opened with, for unit 4's test (reads only)
+            cfg = getattr(session, "_config", None)
+            GUARDED_SESSION.clear()
+            GUARDED_SESSION.update(
+                target=session.sess_str.decode() if isinstance(session.sess_str, bytes)
+                else str(session.sess_str),
+                device_filters=sorted(cfg.device_filters) if cfg is not None else None)
 
         def before_run(self, run_context: Any) -> Any:
             if self.t0 is None:

@@ -161,7 +161,7 @@ def _claims_problem(outcomes: list[dict[str, Any]], checked: str, torch_said: st
 
 def _call_problem(outcomes: list[dict[str, Any]], checked: str, torch_said: str, url: str,
                   timeout_s: float | None) -> str | None:
-    """Whether every rank's call asked for the full world size, the master's URL and the
+    """Whether every rank's call asked for the full world size, gloo, the master's URL and the
     timeout it was handed."""
     from ..checks.feedback_format import feedback
 
@@ -170,6 +170,13 @@ def _call_problem(outcomes: list[dict[str, Any]], checked: str, torch_said: str,
     if sizes != [p]:
         return feedback(checked, f"world_size={p} on every rank", f"world sizes {sizes}"
                         + torch_said, "pass world_size=world_size (every rank the same).")
+    backends = sorted({o["claims"][-1]["backend"] for o in outcomes})
+    if backends != ["gloo"]:
+        # Without one, torch builds a group per device type (gloo for CPU tensors, NCCL for CUDA
+        # tensors where NCCL is built): not the group the exercise asks for.
+        return feedback(checked, "backend=\"gloo\" on every rank", f"backends {backends} "
+                        "(None = not given: torch then picks one per device type)" + torch_said,
+                        "pass backend=\"gloo\": the CPU tensors of this unit travel over gloo.")
     methods = sorted({o["claims"][-1]["init_method"] for o in outcomes})
     if methods != [url]:
         return feedback(checked, f"init_method={url!r} (the master address and the port "

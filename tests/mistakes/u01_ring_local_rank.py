@@ -10,5 +10,5 @@ p, r = world_size, rank""",
 p, r = world_size, local_rank"""),
 ]
 FAILS = "ex1-test-correct"
-MESSAGE = "use rank, not local_rank"
+MESSAGE = "Use rank, the global rank"
 WITHIN_S = 30

@@ -12,7 +12,8 @@ leftovers. The untouched release, run whole, is graded in ``test_instructor_grad
 
 **Mutants of the solutions** (:mod:`.mutants`, made by ``tools/mutation``): a slip a learner
 might make, planted in place of the solution; its exercise's visible tests must fail on it
-(``COURSE_MUTANTS_PER_EXERCISE`` says how many per exercise run; ``make mutants`` runs all).
+(``COURSE_MUTANTS_PER_EXERCISE`` and ``COURSE_MUTANTS_PER_RUN`` say how many run; ``make
+mutants`` runs all).
 
 **Re-runs** (:mod:`.rerun`): three notebooks run again in the same kernel, as a learner
 re-runs them (set-up and teardown are idempotent).
@@ -50,9 +51,10 @@ from .mutants import drawn, selection
 
 
 def pytest_report_header(config) -> str:
-    per, seed = selection()
-    return (f"mutants of the solutions: {per} per exercise, seed {seed} "
-            f"(COURSE_MUTANTS_PER_EXERCISE, COURSE_MUTANTS_SEED)")
+    sel = selection()
+    return (f"mutants of the solutions: {sel.per_exercise} per exercise and {sel.per_run} in "
+            f"all, seed {sel.seed} (COURSE_MUTANTS_PER_EXERCISE, COURSE_MUTANTS_PER_RUN, "
+            "COURSE_MUTANTS_SEED)")
 
 
 @pytest.hookimpl(tryfirst=True)  # before -k and -m deselect: the items can be selected
@@ -64,8 +66,8 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if not any(isinstance(it, IPyNbCell) for it in items):
         return
     at: dict[tuple[str, int], list] = {}
-    per, seed = selection()
-    for entry in [*ENTRIES, *(drawn(per, seed) if per != "0" else [])]:
+    sel = selection()
+    for entry in [*ENTRIES, *(drawn(sel.per_exercise, sel.seed, sel.per_run) if sel.any else [])]:
         name, index = (cell_order(entry)[:2] if isinstance(entry, Path)
                        else (entry.notebook, entry.at))
         at.setdefault((name, index), []).append(entry)

@@ -13,10 +13,11 @@ lesson cells as they are). The outcome:
 (the catalogue then restarts the engines, as after a mistake). A mutant item fails unless the
 mutant was killed or is equivalent, and a damaged group fails it too.
 
-Which mutants run: ``COURSE_MUTANTS_PER_EXERCISE`` per solution cell (``all``, a count, or 0:
-``make test``'s default while known gaps remain), drawn among those not listed as equivalent by
-``COURSE_MUTANTS_SEED`` (else a seed of the run's own, the same on every xdist worker; pytest's
-header prints it, to replay a run). ``COURSE_MUTANTS_OUT`` names a JSON-lines file each outcome
+Which mutants run: ``COURSE_MUTANTS_PER_EXERCISE`` per solution cell (``all``, a count, or 0,
+the default) and ``COURSE_MUTANTS_PER_RUN`` more across the quick cells (``make test`` draws a
+few each run), drawn among those not listed as equivalent by ``COURSE_MUTANTS_SEED`` (else a
+seed of the run's own, the same on every xdist worker; pytest's header prints it, to replay a
+run). ``COURSE_MUTANTS_OUT`` names a JSON-lines file each outcome
 is appended to; ``python -m tools.mutation.report`` makes the report from it (``make mutants``).
 """
 
@@ -84,17 +85,38 @@ def all_mutants() -> tuple[MutantEntry, ...]:
     return tuple(out)
 
 
-def selection() -> tuple[str, int]:
-    """(how many per solution cell, the seed): the environment's, else 0 and the run's own."""
+#: Solution cells whose visible tests take minutes (the mutant reruns them): never in the run's
+#: sample (``COURSE_MUTANTS_PER_RUN``), only in draws per exercise and in ``make mutants``.
+SLOW_CELLS = {("09_capstone.ipynb", "partb-solution"): "its visible test trains for 90 s"}
+
+
+class Selection(NamedTuple):
+    """Which mutants a run draws: ``per_exercise`` ("all", or a count per solution cell),
+    ``per_run`` (a count in all, drawn across the quick cells) and the ``seed``."""
+
+    per_exercise: str
+    per_run: int
+    seed: int
+
+    @property
+    def any(self) -> bool:
+        return self.per_exercise != "0" or self.per_run > 0
+
+
+def selection() -> Selection:
+    """The environment's ``COURSE_MUTANTS_PER_EXERCISE`` (default 0), ``COURSE_MUTANTS_PER_RUN``
+    (default 0; ``make test`` sets it) and ``COURSE_MUTANTS_SEED`` (else the run's own)."""
     seed = os.environ.get("COURSE_MUTANTS_SEED") or str(
         zlib.crc32(os.environ.get("PYTEST_XDIST_TESTRUNUID", str(time.time())).encode())
         % 100000)
-    return os.environ.get("COURSE_MUTANTS_PER_EXERCISE", "0"), int(seed)
+    return Selection(os.environ.get("COURSE_MUTANTS_PER_EXERCISE", "0"),
+                     int(os.environ.get("COURSE_MUTANTS_PER_RUN", "0") or 0), int(seed))
 
 
-def drawn(per_exercise: str, seed: int) -> list[MutantEntry]:
+def drawn(per_exercise: str, seed: int, per_run: int = 0) -> list[MutantEntry]:
     """``per_exercise`` ("all", or a count) mutants of each solution cell, drawn with ``seed``
-    among those not listed as equivalent ("all": every one, equivalent or not)."""
+    among those not listed as equivalent ("all": every one, equivalent or not); and
+    ``per_run`` more drawn across every quick cell (not :data:`SLOW_CELLS`)."""
     every = all_mutants()
     if per_exercise == "all":
         return list(every)
@@ -105,6 +127,9 @@ def drawn(per_exercise: str, seed: int) -> list[MutantEntry]:
             by_cell.setdefault((e.notebook, e.at), []).append(e)
     for group in by_cell.values():
         out += rng.sample(group, min(int(per_exercise), len(group)))
+    rest = [e for group in by_cell.values() for e in group if e not in out
+            and (e.notebook, e.stub.grade_id) not in SLOW_CELLS]
+    out += rng.sample(rest, min(per_run, len(rest)))
     return sorted(out, key=lambda e: (e.notebook, e.at, e.mutant.id))
 
 
