@@ -18,7 +18,7 @@ import nbformat
 import pytest
 
 from course_utils import cli, notebook_cells
-from course_utils.assignments import lessons
+from course_utils.assignments import lessons, syllabus
 from course_utils.cluster.kernel import pxoutput
 from course_utils.cluster.ranks import RankInfo, RankMap
 from course_utils.errors import CourseError
@@ -415,10 +415,29 @@ def test_every_unit_states_its_time_and_objectives():
     assert [i.file for i in infos] == [p.name for p in lessons.source_notebooks()]
     for info in infos:
         assert info.number >= 0 and info.title.startswith(f"Unit {info.number}"), info
-        assert info.minutes and 10 <= info.minutes <= 180, info
+        assert info.minutes and 10 <= info.minutes <= 240, info
         assert len(info.objectives) >= 3 and all(len(o) > 20 for o in info.objectives), info
+        # the time the unit's own header states is the syllabus's
+        intro = next(c.source for c in lessons.read(lessons.NOTEBOOK_DIR / info.file).cells
+                     if c.cell_type == "markdown")
+        assert syllabus.header_time(intro) == info.time == syllabus.unit(
+            info.number).time_text(), (info.file, syllabus.header_time(intro))
     unit0 = infos[0]
-    assert unit0.minutes == 75 and infos[1].minutes == 180 and infos[3].minutes == 120
+    assert unit0.minutes == 90 and infos[1].minutes == 240 and infos[3].minutes == 120
+    assert infos[4].route == "TensorFlow" and infos[9].route == "PyTorch + TensorFlow"
+
+
+def test_the_readme_table_and_routes_are_the_syllabus():
+    readme = Path(__file__).parents[1] / "README.md"
+    text = readme.read_text()
+    start = text.index(syllabus.README_START)
+    end = text.index(syllabus.README_END) + len(syllabus.README_END)
+    block = text[start:end]
+    assert block == syllabus.readme_block(syllabus.readme_descriptions(block)), (
+        "README's units table is out of date: python -m course_utils.assignments.syllabus")
+    assert "units 0-3, 6-8, 9 (part A), 10" in block and "units 4-5, 9 (part B)" in block
+    assert syllabus.route_minutes(syllabus.PYTORCH) == (1305, 1395)
+    assert syllabus.span((90, 90)) == "90 min" and syllabus.span((210, 240)) == "3.5-4 h"
 
 
 def test_set_unit_metadata_round_trips():
@@ -459,11 +478,12 @@ def test_home_matches_the_notebooks(tmp_path):
     nb = home.home_notebook(wd, facts=facts)
     text = "\n".join(c.source for c in nb.cells)
     for info in home.units():
-        assert f"[{info.title}]({info.file})" in text and f"{info.minutes} min" in text
+        assert f"[{info.title}]({info.file})" in text and info.shown_time in text
         for objective in info.objectives:
             assert objective in text
         assert (wd / info.file).exists()
     assert "**2 ranks** on 1 host (vm)" in text and "| 1 | vm | 1 | 0 |" in text
+    assert syllabus.routes_text() in text
     assert text.count("not run yet") == len(home.units())
     assert nb.metadata.kernelspec.name == kernelspec.KERNEL_NAME
     assert nb.cells[-1].source.endswith("home.show()")
@@ -506,7 +526,7 @@ def test_course_home_solution_and_kernel_commands(tmp_path, sources, kernel_pref
     workspace.sync(wd)
     assert cli.main(["home", "--workdir", str(wd)]) == 0
     out = capsys.readouterr().out
-    assert f"wrote {wd / home.HOME_NAME}" in out and "unit 3: Unit 3: PyTorch DDP (120 min)" in out
+    assert f"wrote {wd / home.HOME_NAME}" in out and "unit 3: Unit 3: PyTorch DDP (2 h)" in out
     assert cli.main(["solution", "0", "ex1", "--workdir", str(wd)]) == 1
     assert "has not been run" in capsys.readouterr().err
     assert cli.main(["kernel"]) == 0

@@ -65,6 +65,53 @@ def test_graph_places_shards_on_their_ps_and_the_model_scores_held_out_data(tmp_
     assert score["on_ps"] is False and score["devices"]   # made outside strategy.scope()
 
 
+def _train_ps(tf, restore=True, count=True):
+    """A ``train_ps`` as part B asks for, without a cluster (each "epoch" one SGD step on one
+    batch), leaving its model in ``__main__.tf_model``; ``restore``/``count``: False for two of
+    the mistakes the check names."""
+    import __main__
+
+    def train_ps(epochs, ckpt_dir, budget_s):
+        net, counter = models.cnn(seed=0), tf.Variable(0, dtype=tf.int64)
+        __main__.tf_model = net
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=net, epoch=counter),
+                                             ckpt_dir, max_to_keep=2)
+        if restore and manager.latest_checkpoint:
+            manager.checkpoint.restore(manager.latest_checkpoint)
+        out = []
+        for ep in range(int(counter.numpy()), epochs):
+            if budget_s <= 0:
+                break
+            x = tf.random.stateless_normal([8, 32, 32, 3], seed=[ep, 1])
+            y = tf.constant([ep % 10] * 8, dtype=tf.int64)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels=y, logits=net(x)))
+            for v, g in zip(net.trainable_variables, tape.gradient(
+                    loss, net.trainable_variables), strict=True):
+                v.assign_sub(0.05 * g)
+            counter.assign(ep + 1 if count else ep)
+            manager.save()
+            out.append({"epoch": ep})
+        return out
+    return train_ps
+
+
+def test_start_and_resume_check_passes_a_right_run_and_names_two_mistakes(tmp_path):
+    from course_utils import checks
+    from course_utils.tf_dist import quiet_tensorflow
+
+    tf = quiet_tensorflow()
+    probe = tf.random.stateless_normal([4, 32, 32, 3], seed=[9, 9])
+    for kw, said in (({}, None), ({"restore": False}, "restored: False"),
+                     ({"count": False}, "the epoch counter in the latest checkpoint")):
+        folder = str(tmp_path / str(len(kw) and next(iter(kw))))
+        fn = _train_ps(tf, **kw)
+        history = fn(2, folder, 60)
+        got = checks.tf_start_and_resume_problem(fn, history, folder, probe)
+        assert (got is None) if said is None else (said in got), (kw, got)
+
+
 _MEASURE = """
 import json, sys
 from course_utils.cluster.ports import free_ports

@@ -189,6 +189,23 @@ def _fresh_child(save: Any, path: str, steps: int, crash_at: int, timeout: float
     return done.returncode, done.stderr[-300:]
 
 
+def engine_folder_apart_from_tmp() -> str | None:
+    """*On one engine.* A fresh folder on a file system other than the temporary directory's
+    (``/dev/shm`` where it is one), or ``None``: a save that writes its temporary file to
+    ``/tmp`` and renames it across file systems fails there (``os.replace`` cannot), as it does
+    on a machine whose ``/tmp`` is a RAM disk. Used by exercise 2 of ``08_hangs_and_faults``."""
+    import tempfile
+
+    tmp_dev = os.stat(tempfile.gettempdir()).st_dev
+    for base in ("/dev/shm", os.path.expanduser("~")):
+        try:
+            if os.stat(base).st_dev != tmp_dev and os.access(base, os.W_OK):
+                return tempfile.mkdtemp(prefix="course-atomic-", dir=base)
+        except OSError:
+            continue
+    return None
+
+
 def engine_check_atomic_save(save_name: str = "save_atomic", folder: str = "/tmp",
                              steps: int = 6, crash_at: int = 3,
                              timeout: float = 60.0) -> dict[str, Any]:

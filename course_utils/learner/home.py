@@ -1,12 +1,13 @@
 """The course home, ``START_HERE.ipynb`` in the learner's working folder.
 
 Generated, never hand-kept: ``course lab`` writes it at every start and ``course home`` on
-demand. It lists the units with their time and objectives (read from each notebook: the
-``metadata.course`` fields ``title``, ``minutes``, ``objectives`` when present, else the intro
-cell's ``**Time:** about N minutes`` and the numbered list after "By the end of this notebook
-you can:"), links each, says which cluster ``course lab`` started (profile, ranks, hosts), and
-for each unit whether the learner's copy passes its visible tests. That status is read from the
-saved copy (a test cell that ran without an error output passes; see
+demand. It lists the units with their route and time (from
+:mod:`course_utils.assignments.syllabus`) and objectives (read from each notebook: the
+``metadata.course`` fields ``title``, ``objectives`` when present, else the numbered list after
+"By the end of this notebook you can:"; a unit the syllabus does not list yet keeps its intro's
+``**Time:** about N minutes``), links each, says which cluster ``course lab`` started (profile,
+ranks, hosts), and for each unit whether the learner's copy passes its visible tests. That
+status is read from the saved copy (a test cell that ran without an error output passes; see
 :func:`course_utils.learner.workspace.unit_status`), so it is as fresh as the learner's last
 save; the home's last cell (:func:`show`) recomputes it in place.
 """
@@ -25,7 +26,7 @@ import nbformat
 from nbformat import NotebookNode
 
 from .. import settings
-from ..assignments import lessons
+from ..assignments import lessons, syllabus
 from . import workspace
 from .kernelspec import set_kernelspec
 
@@ -52,6 +53,12 @@ class UnitInfo:
     minutes: int | None
     objectives: list[str] = field(default_factory=list)
     prerequisites: str = ""
+    time: str = ""       # as the syllabus prints it: "3.5-4 h"
+    route: str = ""      # "PyTorch", "TensorFlow", or both for the capstone
+
+    @property
+    def shown_time(self) -> str:
+        return self.time or (f"{self.minutes} min" if self.minutes else "?")
 
 
 def _objectives(text: str) -> list[str]:
@@ -89,7 +96,11 @@ def unit_info(nb: NotebookNode, file: str) -> UnitInfo:
         m = _PREREQ_RE.search(intro)
         prereq = " ".join(m.group(1).split()) if m else ""
     number = int(file.split("_", 1)[0]) if file[:1].isdigit() else -1
-    return UnitInfo(file, number, title, minutes, objectives, prereq)
+    planned = syllabus.unit(number)
+    if planned is None:  # a unit the syllabus does not list yet: its intro's own time
+        return UnitInfo(file, number, title, minutes, objectives, prereq)
+    return UnitInfo(file, number, title, planned.minutes[1], objectives, prereq,
+                    planned.time_text(), " + ".join(planned.routes))
 
 
 def set_unit_metadata(nb: NotebookNode, file: str = "") -> NotebookNode:
@@ -184,9 +195,8 @@ def status_markdown(workdir: str | os.PathLike[str], infos: list[UnitInfo]) -> s
     """The units table: link, time, the learner's visible-test status, updates offered."""
     workdir = Path(workdir)
     manifest = workspace.load_manifest(workdir)
-    lines = ["| unit | notebook | time | your copy |", "| --- | --- | --- | --- |"]
+    lines = ["| unit | notebook | route | time | your copy |", "| --- | --- | --- | --- | --- |"]
     for info in infos:
-        minutes = f"{info.minutes} min" if info.minutes else "?"
         status = _status_cell(workdir, info)
         offered = manifest["units"].get(info.file, {}).get("offered", {}).get("file")
         if offered and (workdir / offered).exists():
@@ -194,14 +204,15 @@ def status_markdown(workdir: str | os.PathLike[str], infos: list[UnitInfo]) -> s
         shown = manifest["solutions_shown"].get(info.file)
         if shown:
             status += f"; solution shown for {', '.join(shown)}"
-        lines.append(f"| {info.number} | [{info.title}]({info.file}) | {minutes} | {status} |")
+        lines.append(f"| {info.number} | [{info.title}]({info.file}) | {info.route} | "
+                     f"{info.shown_time} | {status} |")
     return "\n".join(lines)
 
 
 def objectives_markdown(infos: list[UnitInfo]) -> str:
     parts = []
     for info in infos:
-        head = f"### [{info.title}]({info.file}) ({info.minutes or '?'} min)"
+        head = f"### [{info.title}]({info.file}) ({info.shown_time})"
         body = [f"{i}. {o}" for i, o in enumerate(info.objectives, 1)]
         pre = [f"*Prerequisites:* {info.prerequisites}", ""] if info.prerequisites else []
         parts.append("\n".join([head, "", *pre, *body]))
@@ -213,13 +224,13 @@ def home_notebook(workdir: str | os.PathLike[str], infos: list[UnitInfo] | None 
     """The home page as a notebook of Markdown cells and one refresh cell."""
     workdir = Path(workdir)
     infos = units() if infos is None else infos
-    total = sum(i.minutes or 0 for i in infos)
     new = nbformat.v4.new_markdown_cell
     stamp = time.strftime("%Y-%m-%d %H:%M")
     nb = nbformat.v4.new_notebook()
     nb.cells = [
         new("# Distributed training: start here\n\n"
-            f"{len(infos)} units, about {total / 60:.1f} hours. Work through them in order; each "
+            f"{len(infos)} units on two routes, times at a newcomer's pace. "
+            + syllabus.routes_text() + " Work through a route in order; each unit "
             "opens with its objectives and ends with a summary. This folder holds **your "
             "copies**: the exercises are stubs (`raise NotImplementedError()`) for you to "
             "complete, and the visible test under each exercise says whether it works. The "

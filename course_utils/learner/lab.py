@@ -104,7 +104,7 @@ def cmd_home(args: argparse.Namespace) -> int:
     for info in home.units():
         copy = root / info.file
         status = workspace.unit_status(copy).summary() if copy.exists() else "no copy"
-        print(f"  unit {info.number}: {info.title} ({info.minutes} min): {status}")
+        print(f"  unit {info.number}: {info.title} ({info.shown_time}): {status}")
     return 0
 
 
