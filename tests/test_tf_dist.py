@@ -222,7 +222,9 @@ def test_servers_started_by_hand_are_checked_adopted_and_torn_down(cluster):
     cluster.view.execute(BY_HAND, block=True)
     assert tf_dist.hosted_by_rank(cluster) == [["ps:0", "worker:0"], ["worker:1"]]
     report = cluster.run(checks.engine_tf_servers)
-    assert report[1] == {"worker:1": {"job": "worker", "task": 1, "port": ports[("worker", 1)]}}
+    # server_config sizes the inter-op pool (4), which unit 4's check asks of the learner's servers
+    assert report[1] == {"worker:1": {"job": "worker", "task": 1, "port": ports[("worker", 1)],
+                                      "inter_op": 4}}
     with pytest.raises(tf_dist.TFServerNotAnswering, match="rank 0 hosts"):
         tf_dist.adopt_servers(cluster, {"ps": [1], "worker": [0, 1]}, spec)
     tfc = tf_dist.adopt_servers(cluster, roles, spec, timeout=5)
