@@ -71,13 +71,33 @@ def test_overlap_dp_problem_order(step, fix):
     assert (fix in got) if fix else got == ""
 
 
-def testbuckets_by_rule_launches_at_the_cap_and_sync_sends_the_rest():
+def test_buckets_by_rule_launches_at_the_cap_and_sync_sends_the_rest():
     from course_utils.checks.performance import buckets_by_rule
 
     # 4-byte values, cap 1000 bytes: 250 values fill a bucket exactly (>= launches it)
     assert buckets_by_rule([250, 10, 240, 100], 1000, 4) == [250, 250, 100]
     assert buckets_by_rule([100, 100], 1000, 4) == [200]
     assert buckets_by_rule([], 1000, 4) == []
+
+
+def test_the_checks_cap_is_met_exactly_so_launching_only_above_it_shows():
+    """The graded check's cap equals a bucket's bytes in the real backward order, so a hook
+    written with > instead of >= launches different buckets (and the check names it)."""
+    import torch
+    import torch.nn.functional as F
+
+    from course_utils.checks.performance import CHECK_CAP_MB, buckets_by_rule, frozen_tied_mlp
+
+    model, order = frozen_tied_mlp(seed=0), []
+    for q in model.parameters():
+        if q.requires_grad:
+            q.register_post_accumulate_grad_hook(lambda g: order.append(g.numel()))
+    F.cross_entropy(model(torch.randn(4, 256)), torch.randint(0, 10, (4,))).backward()
+    cap = int(CHECK_CAP_MB * 2**20)
+    at_or_above = buckets_by_rule(order, cap, 4)
+    assert cap // 4 in at_or_above  # one bucket holds exactly the cap
+    above = buckets_by_rule(order, cap + 1, 4)  # what "launch when > cap" makes
+    assert above != at_or_above and sum(above) == sum(at_or_above)
 
 
 def test_overlap_dp_problem_divide_frozen_and_weights():

@@ -183,20 +183,46 @@ def engine_check_capstone_loop(fn_name: str = "train_capstone", folder: str = "/
     return out
 
 
+@contextlib.contextmanager
+def slow_setup(setup_s: float) -> Iterator[None]:
+    """*Not collective.* Make the learner's global ``resume_or_start`` sleep ``setup_s`` seconds
+    first, for the duration, so that every rank's clock has run that long before its first
+    budget check (``09_capstone``, exercise 2)."""
+    import __main__
+
+    ns = vars(__main__)
+    saved = ns.get("resume_or_start")
+    if setup_s <= 0 or saved is None:
+        yield
+        return
+
+    def resume_or_start(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(setup_s)
+        return saved(*args, **kwargs)
+
+    ns["resume_or_start"] = resume_or_start
+    try:
+        yield
+    finally:
+        ns["resume_or_start"] = saved
+
+
 def engine_check_capstone_stop(fn_name: str = "train_capstone", folder: str = "/tmp",
                                late_s: float = 2.0, budget_s: float = 1.0,
-                               per_rank: int = 64) -> dict[str, Any]:
+                               per_rank: int = 64, setup_s: float = 0.0) -> dict[str, Any]:
     """*Collective until the learner's function returns; nothing collective after it.* The last
     rank calls ``fn_name(3, path, budget_s)`` ``late_s`` seconds after the others, so the
     others' clocks read ``late_s`` more: a stop each rank decides from its own clock splits the
     ranks (one leaves, another waits in the next epoch's collective until the process group
-    times out). Returns this rank's epochs, error and seconds; see :func:`check_capstone_stop`."""
+    times out). ``setup_s``: seconds every rank's ``resume_or_start`` sleeps first
+    (:func:`slow_setup`). Returns this rank's epochs, error and seconds; see
+    :func:`check_capstone_stop`."""
     import torch.distributed as dist
 
     fn = px_name(fn_name)
     rank = dist.get_rank()
     path = os.path.join(folder, "capstone-stop-check.pt")
-    with small_data(per_rank):
+    with small_data(per_rank), slow_setup(setup_s):
         _fresh_path(path)
         if rank == dist.get_world_size() - 1:
             time.sleep(late_s)
@@ -213,26 +239,48 @@ def engine_check_capstone_stop(fn_name: str = "train_capstone", folder: str = "/
 
 def check_capstone_stop(cluster: Any, fn_name: str = "train_capstone", folder: str = "/tmp",
                         late_s: float = 2.0, budget_s: float = 1.0,
-                        group_timeout: float = 5.0) -> dict[str, Any]:
-    """*In the kernel* (``09_capstone``, exercise 2). Run :func:`engine_check_capstone_stop` in
-    a process group whose collectives time out after ``group_timeout`` s (so a rank left
-    behind fails in seconds, not minutes), then give the ranks their usual group back.
+                        group_timeout: float = 5.0, setup_s: float = 1.0) -> dict[str, Any]:
+    """*In the kernel* (``09_capstone``, exercise 2). Run :func:`engine_check_capstone_stop`
+    twice in a process group whose collectives time out after ``group_timeout`` s (so a rank
+    left behind fails in seconds, not minutes), then give the ranks their usual group back:
+    first with the last rank ``late_s`` late, then with every rank's set-up taking ``setup_s``
+    and a budget of 1.8 ``setup_s``, which no rank's clock has spent at the first check.
     Returns ``same`` (every rank ran the same epochs, no error), ``stopped`` (at most one
     epoch: the ranks that started on time had spent ``late_s`` s, past the budget, by the
     second check at the latest, so a stop that follows the slowest clock ends there),
-    ``per_rank`` and ``message`` (what happened and the fix)."""
+    ``patient`` (the second run trained at least one epoch: a sum of the clocks, over the
+    budget where no clock is, would stop at once), ``per_rank`` and ``message`` (what
+    happened and the fix)."""
     from ..torch_dist import process_group
 
     process_group.stop(cluster)
     # debug "off": under TORCH_DISTRIBUTED_DEBUG=DETAIL, a DDP backward whose peer has left
     # waited past the group's timeout in our runs (torch 2.14, gloo); a plain one timed out.
     process_group.start(cluster, timeout=group_timeout, debug="off")
+    wait = late_s + 4 * group_timeout + 60
     try:
         res = cluster.run(engine_check_capstone_stop, fn_name, folder, late_s, budget_s,
-                          timeout=late_s + 4 * group_timeout + 60)
+                          timeout=wait)
+        out = _stop_verdict(res, late_s, budget_s)
+        if out["stopped"]:
+            calm = cluster.run(engine_check_capstone_stop, fn_name, folder, 0.0,
+                               1.8 * setup_s, 64, setup_s, timeout=wait + setup_s)
+            out["patient"] = all(r["error"] is None and r["epochs"] for r in calm)
+            if not out["patient"]:
+                out["message"] = (
+                    f"every rank's set-up took {setup_s:g} s and budget_s={1.8 * setup_s:g}, so "
+                    "no rank's clock had run out at the first check, yet the ranks ran epochs "
+                    f"{[r['epochs'] for r in calm]}: the stop read more than the slowest clock "
+                    "(a sum of the clocks?). Fix: dist.all_reduce(elapsed, "
+                    "op=dist.ReduceOp.MAX), then stop when elapsed.item() > budget_s")
     finally:
         process_group.stop(cluster)
         process_group.start(cluster)
+    return out
+
+
+def _stop_verdict(res: list[dict[str, Any]], late_s: float, budget_s: float) -> dict[str, Any]:
+    """:func:`check_capstone_stop`'s verdict on the run with a late rank."""
     same = all(r["error"] is None and r["epochs"] == res[0]["epochs"] for r in res)
     said = "; ".join(f"rank {r['rank']}: " + (f"ran epochs {r['epochs']} and returned after "
                                              f"{r['seconds']:.1f} s" if r["error"] is None
@@ -250,4 +298,5 @@ def check_capstone_stop(cluster: Any, fn_name: str = "train_capstone", folder: s
             f"epochs {res[0]['epochs']}: the stop followed a clock that had not run out. Fix: "
             "stop by the slowest clock: dist.all_reduce(elapsed, op=dist.ReduceOp.MAX), then "
             "stop when elapsed.item() > budget_s")
-    return {"same": same, "stopped": stopped, "per_rank": res, "message": message}
+    return {"same": same, "stopped": stopped, "patient": False, "per_rank": res,
+            "message": message}

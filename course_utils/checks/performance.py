@@ -9,6 +9,12 @@ from typing import Any
 from ..cluster.engines.engine import px_name
 
 
+# Backward reaches the default model's gradients with 10, 2560, 256, 65536, 256, 65536 and 256
+# values; a cap of exactly 256 + 65536 float32s is met with equality by the second bucket, so a
+# hook that launches only above the cap (> instead of >=) makes other buckets and is caught.
+CHECK_CAP_MB = (256 + 65536) * 4 / 2**20
+
+
 def frozen_tied_mlp(width: int = 256, depth: int = 4, seed: int = 0) -> Any:
     """The model of Exercise 2's check: :func:`course_utils.torch_dist.record.timeline_mlp`
     with two frozen parameters (``requires_grad=False``, as in fine-tuning: the first layer's
@@ -46,7 +52,7 @@ class _SpiedWork:
 
 
 def engine_check_overlap_dp(cls_name: str = "OverlapDP", steps: int = 4,
-                            bucket_cap_mb: float = 0.25, width: int = 256, depth: int = 4,
+                            bucket_cap_mb: float = CHECK_CAP_MB, width: int = 256, depth: int = 4,
                             batch: int = 32, timing_steps: int = 5) -> dict[str, Any]:
     """*Collective.* Train the learner's ``cls_name(model, bucket_cap_mb)`` (``.model``, hooks,
     ``.sync()`` after ``backward()``) on :func:`frozen_tied_mlp` next to torch DDP on the same
