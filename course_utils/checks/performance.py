@@ -8,7 +8,6 @@ from typing import Any
 
 from ..cluster.engines.engine import px_name
 
-
 # Backward reaches the default model's gradients with 10, 2560, 256, 65536, 256, 65536 and 256
 # values; a cap of exactly 256 + 65536 float32s is met with equality by the second bucket, so a
 # hook that launches only above the cap (> instead of >=) makes other buckets and is caught.
