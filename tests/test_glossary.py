@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+import nbformat
 import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read, source_notebooks
@@ -198,3 +199,47 @@ def test_no_course_internal_words_in_what_learners_read(path):
     bad = [(c.get("id"), m.group(0)) for c in nb.cells
            for m in AUTHORS_WORDS.finditer(c.source)]
     assert not bad, f"{path.name}: course-internal words (say what they mean instead): {bad}"
+
+
+#: Lore: how the course was made, tested or measured, and workarounds for one torch version.
+#: Learners do not need it to do a unit; it lives in notebooks/instructor_notes/ (issue 43).
+LORE = re.compile("|".join(w.replace(" ", r"\s+") for w in (
+    r"\bnetem\b", r"\btc (?:tbf|qdisc|netem)\b", r"\bsimulated (?:hosts?|link)\b",
+    r"\bnetwork namespaces?\b", r"\bthe course's (?:own )?tests\b", r"\brun on every change\b",
+    r"\bnot tested anywhere\b", r"\bos\._exit\(0\)", r"\bexit-time clean-?up\b",
+    r"\b_build_params_for_reducer\b", r"\btorch/[\w/]+\.py\b", r"\buser's request\b",
+    r"\bcourse request\b", r"\b(?:with|in|under) torch \d+\.\d+(?:\.\d+)?\b",
+    r"\bits \d+\.\d+ source\b", r"\bin this torch version\b", r"\bin our runs\b",
+    r"\b2-core machine\b")), re.IGNORECASE)
+
+
+def learner_text(cell) -> str:
+    """What a learner reads in a cell: all of a markdown cell, the comments of a code cell."""
+    if cell.cell_type != "code":
+        return cell.source
+    return "\n".join(m.group(1) for m in re.finditer(r"#(.*)$", cell.source, re.MULTILINE))
+
+
+def test_the_lore_pattern_catches_what_issue_43_moved_out():
+    moved = ["two simulated hosts of 2", "the link rate-limited (`tc tbf`)", "no `netem`",
+             "The course's tests (run on every change)", "Not tested anywhere: GPUs",
+             "leaves with `os._exit(0)`", "`_build_params_for_reducer` in torch's source",
+             "see `torch/distributed/distributed_c10d.py`",
+             "This course answers a user's request", "with torch 2.14.1, building DDP",
+             "in our runs up to 25 ms"]
+    assert all(LORE.search(s) for s in moved), [s for s in moved if not LORE.search(s)]
+    kept = ["Rank 1 ends its process with `os._exit(1)`", "the test runs it on 4 ranks of their "
+            "own, placed as two hosts of 2", "torch's default timeout", "a `tc` of tea"]
+    assert not any(LORE.search(s) for s in kept), [s for s in kept if LORE.search(s)]
+    code = nbformat.v4.new_code_cell("x = 1  # with torch 2.14 this crashes\nos._exit(0)")
+    assert learner_text(code) == " with torch 2.14 this crashes" and LORE.search(learner_text(code))
+
+
+@pytest.mark.parametrize("path", source_notebooks(), ids=lambda p: p.name)
+def test_no_lore_in_what_learners_read(path):
+    """Markdown and code comments hold what a learner needs to do the unit: not how the course
+    was made, tested or measured (its instructor notes hold that)."""
+    nb = read(path)
+    bad = [(c.get("id"), m.group(0)) for c in nb.cells for m in LORE.finditer(learner_text(c))]
+    assert not bad, (f"{path.name}: lore in learner text (move it to "
+                     f"notebooks/instructor_notes/{path.stem}.md): {bad}")

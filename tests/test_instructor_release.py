@@ -57,6 +57,10 @@ def test_release_is_an_nbgrader_course_folder(course):
         assert u.release == root / "release" / u.assignment / u.source.name and u.release.exists()
         assert u.source.read_bytes() == (ROOT / "notebooks" / u.source.name).read_bytes()
         assert u.tests and u.points > 0, f"{u.assignment} has no graded test"
+    # The instructor notes beside the units (notebooks/instructor_notes/) are not handed out.
+    notes = {p.name for p in (ROOT / "notebooks" / "instructor_notes").glob("*.md")}
+    handed = [p for p in root.rglob("*") if "instructor_notes" in p.parts or p.name in notes]
+    assert notes and not handed, handed
     with Gradebook(f"sqlite:///{root}/gradebook.db", "dist-training") as gb:
         assert sorted(a.name for a in gb.assignments) == sorted(u.assignment for u in course.units)
         for u in course.units:

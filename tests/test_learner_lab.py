@@ -427,6 +427,25 @@ def test_every_unit_states_its_time_and_objectives():
     assert infos[4].route == "TensorFlow" and infos[9].route == "PyTorch + TensorFlow"
 
 
+NEXT = re.compile(r"\*\*Next:\*\*(.+)", re.S)
+
+
+@pytest.mark.parametrize("path", lessons.source_notebooks()[:-1], ids=lambda p: p.name)
+def test_every_unit_but_the_last_ends_by_naming_the_next_one_of_its_route(path):
+    """The summary's last line says where to go next, by the routes of the syllabus."""
+    number = int(path.name[:2])
+    last = [c.source for c in lessons.read(path).cells if c.cell_type == "markdown"][-1]
+    found = NEXT.search(last)
+    assert found, f"{path.name}: its last markdown cell has no **Next:** line"
+    named = {int(n) for n in re.findall(r"\bUnit (\d+)", found.group(1))}
+    later = {u.number for u in syllabus.UNITS if u.number > number}
+    assert named and named <= later, (path.name, named)
+    routes = syllabus.unit(number).routes
+    follows = {r: min((u.number for u in syllabus.UNITS if u.number > number and r in u.routes),
+                      default=None) for r in routes}
+    assert {n for n in follows.values() if n is not None} <= named, (path.name, follows, named)
+
+
 def test_the_readme_table_and_routes_are_the_syllabus():
     readme = Path(__file__).parents[1] / "README.md"
     text = readme.read_text()
@@ -541,6 +560,9 @@ def test_prepare_serves_the_learners_folder_or_the_source(tmp_path, kernel_prefi
     assert f"--LabApp.default_url=/lab/tree/{home.HOME_NAME}" in plan.jupyter_args
     assert labpanel.jupyter_args()[0] in plan.jupyter_args
     assert any("installed in" in ln for ln in lines) and any("added 00_" in ln for ln in lines)
+    notes = {p.name for p in (lessons.NOTEBOOK_DIR / "instructor_notes").glob("*.md")}
+    copied = {p.name for p in (tmp_path / "w").rglob("*")}
+    assert notes and not notes & copied and "instructor_notes" not in copied  # not the learner's
     src = lab.prepare(None, True, lessons.NOTEBOOK_DIR, emit=lines.append)
     assert src.root == lessons.NOTEBOOK_DIR and src.source
     assert "INSTRUCTOR'S SOURCE" in lines[-1] and "already in" in lines[-2]
@@ -569,6 +591,22 @@ def test_the_learners_lab_hides_nbgraders_instructor_tools(tmp_path, kernel_pref
     before = (plan.config_dir / "labconfig" / "page_config.json").stat().st_mtime_ns
     labconfig.write_config_dir(plan.config_dir, False)  # again: unchanged, not rewritten
     assert (plan.config_dir / "labconfig" / "page_config.json").stat().st_mtime_ns == before
+
+
+def test_the_labs_terminal_finds_the_course_command(tmp_path, kernel_prefix):
+    """``course solution 3 ex2`` typed in JupyterLab's terminal runs the course's own command:
+    the lab's environment, which its terminals inherit, has this Python's ``bin/`` first."""
+    plan = lab.prepare(str(tmp_path / "w"), False, lessons.NOTEBOOK_DIR, emit=lambda _: None)
+    env = plan.environment({"PATH": f"/usr/bin{os.pathsep}/bin", "HOME": str(tmp_path)})
+    bindir = Path(sys.executable).parent
+    assert env["PATH"].split(os.pathsep) == [str(bindir), "/usr/bin", "/bin"]
+    found = subprocess.run(["sh", "-c", "command -v course"], env=env, capture_output=True,
+                           text=True, check=False)
+    assert found.stdout.strip() == str(bindir / "course"), found
+    # and the terminal's shell is not a login shell, whose /etc/profile would reset PATH
+    server = json.loads((plan.config_dir / "jupyter_server_config.json").read_text())
+    shell = server["ServerApp"]["terminado_settings"]["shell_command"]
+    assert len(shell) == 1 and "-l" not in shell, shell
 
 
 def test_jupyterlab_serves_the_learners_page_config(tmp_path):

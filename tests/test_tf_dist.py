@@ -236,15 +236,20 @@ def test_servers_started_by_hand_are_checked_adopted_and_torn_down(cluster):
     assert set(cluster.ranks.engine_ids).isdisjoint(old)
 
 
-def test_run_training_timeout_speaks_about_hooks_not_collectives(cluster):
-    cluster.view.execute("import time\ndef sleepy():\n    time.sleep(3)\n", block=True)
+def test_run_training_timeout_names_the_line_and_frees_the_engines(cluster):
+    """A loop no hook can stop (it never calls sess.run, or got no hooks) times out with the
+    rank's line, is interrupted, and the next call finds the engines free."""
+    cluster.view.execute("import time\ndef spinning():\n    while True:\n"
+                         "        time.sleep(0.05)\n", block=True)
     t0 = time.monotonic()
     with pytest.raises(tf_dist.TFTimeout) as err:
-        tf_dist.run_training(cluster, "sleepy", timeout=1)
-    assert time.monotonic() - t0 < 10
-    assert "StopAtStepHook" in err.value.cause and "collective" not in err.value.cause
-    assert "stop_servers" in err.value.fix
-    time.sleep(3)  # let the engines finish sleeping before the next test
+        tf_dist.run_training(cluster, "spinning", timeout=1)
+    assert time.monotonic() - t0 < 20
+    cause = err.value.cause
+    assert "StopAtStepHook" in cause and "collective" not in cause
+    assert "spinning" in cause and "the engines are free again" in cause
+    assert "stop_servers" not in err.value.fix
+    assert len(cluster.run(os.getpid, timeout=10)) == cluster.world_size
 
 
 # ---- the thread-pool guard -----------------------------------------------------------------

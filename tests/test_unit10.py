@@ -9,11 +9,11 @@ import tempfile
 import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
-from course_utils.checks import spawn
+from course_utils.checks import function_problem, spawn
 from course_utils.errors import CourseError
 from course_utils.notebook_cells import nbgrader_meta
 from course_utils.procs import pids_running
-from course_utils.torch_dist import sharding
+from course_utils.torch_dist import fsdp_lifecycle, sharding
 from course_utils.viz import memory
 
 NB = NOTEBOOK_DIR / "10_sharding_and_memory.ipynb"
@@ -26,8 +26,11 @@ def _cell(grade_id: str) -> str:
 
 def test_formulas():
     f = sharding.formula_bytes(1000, 4)
-    assert f["DDP"] == {"params": 4000, "grads": 4000, "optimizer": 8000}
-    assert f["ZeRO-1"]["optimizer"] == 2000 and f["FSDP"]["params"] == 1000
+    # DDP's default buckets are a second copy of the gradients: 20 B per parameter with Adam
+    assert f["DDP"] == {"params": 4000, "grads": 4000, "buckets": 4000, "optimizer": 8000}
+    assert sum(f["DDP, bucket views"].values()) == 16000
+    assert f["ZeRO-1"]["optimizer"] == 2000 and f["ZeRO-1"]["buckets"] == 4000
+    assert f["FSDP"]["params"] == 1000 and f["FSDP"]["buckets"] == 0
     assert sharding.padded_chunk(10, 4) == 3 and sharding.padded_chunk(8, 4) == 2
     # 195 elements on 2 ranks: padded to 196; 3 collectives of (p-1)/p of it, 4 bytes each
     assert sharding.fsdp_sent_bytes([195], 2) == 3 * 0.5 * 196 * 4
@@ -44,18 +47,28 @@ def test_bytes_of_real_tensors_and_adam_state():
     opt.step()
     held = sharding.memory_of(model, sharding.optimizer_state_bytes(opt))
     steps = len(list(model.parameters())) * 4          # Adam's `step`: a 4-byte scalar each
-    assert held == {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n + steps}
+    assert held == {"params": 4 * n, "grads": 4 * n, "buckets": 0, "optimizer": 8 * n + steps}
     view = model[0].weight.view(-1)                        # a view shares storage: once
     assert sharding.tensor_bytes([model[0].weight, view]) == 4 * model[0].weight.numel()
+    # views of distinct pieces of one buffer (DDP's gradients as bucket views) each count
+    flat = torch.zeros(10)
+    assert sharding.tensor_bytes([flat[:4], flat[4:], flat[4:]]) == 40
+    # a bucket that is not the gradients counts; one the gradients are views of does not
+    assert sharding.memory_of(model, 0, [torch.zeros(n)])["buckets"] == 4 * n
+    bucket = torch.zeros(n)
+    model[0].weight.grad = bucket[:model[0].weight.numel()].view_as(model[0].weight)
+    assert sharding.memory_of(model, 0, [bucket])["buckets"] == 0
 
 
 def test_memory_bars_is_a_figure_of_every_rank_and_strategy():
-    rows = [{"rank": r, "strategy": s, "params": 400, "grads": 400, "optimizer": o}
-            for s, o in (("ddp", 800), ("zero1", 400)) for r in range(2)]
+    rows = [{"rank": r, "strategy": s, "params": 400, "grads": 400, "buckets": 400,
+             "optimizer": o} for s, o in (("ddp", 800), ("zero1", 400)) for r in range(2)]
+    rows += [{"rank": r, "strategy": "fsdp2", "params": 200, "grads": 200, "optimizer": 400}
+             for r in range(2)]                           # no buckets: drawn as 0
     fig = memory.memory_bars(rows, sharding.LABELS)
     labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
-    assert len(fig.axes[0].patches) == 12 and "rank 1" in labels[1]
-    assert memory.totals(rows) == {"ddp": 1600.0, "zero1": 1200.0}
+    assert len(fig.axes[0].patches) == 4 * 6 and "rank 1" in labels[1]
+    assert memory.totals(rows) == {"ddp": 2000.0, "zero1": 1600.0, "fsdp2": 800.0}
 
 
 def test_step_time_line_compares_the_slowest_ranks():
@@ -107,3 +120,97 @@ def test_a_rank_that_fails_is_reported_at_once_and_nothing_is_left(monkeypatch, 
         spawn("engine_check_bounds", 2, timeout=150,
                      sources=[broken])
     assert not list(pids_running(str(tmp_path)))
+
+
+def _scaled_mul(change: tuple[str, str] | None = None):
+    """The notebook's ScaledMul (exercise 2a's solution cell), with ``change`` made."""
+    import torch
+
+    src = _cell("ex2a-solution")
+    if change:
+        assert src.count(change[0]) == 1
+        src = src.replace(change[0], change[1])
+    ns = {"torch": torch}
+    exec(src, ns)
+    return ns["ScaledMul"]
+
+
+@pytest.mark.parametrize("change, says", [
+    (None, None),
+    (("grad_y * x, None", "grad_y * x"), "one gradient per input of forward"),
+    (("ctx.scale * grad_y * w, ctx.scale * grad_y * x", "grad_y * w, grad_y * x"),
+     "lacks the factor scale"),
+    (("ctx.scale * grad_y * w, ctx.scale * grad_y * x", "ctx.scale * w, ctx.scale * x"),
+     "multiply by grad_y"),
+    (("x, w = ctx.saved_tensors", "w, x = ctx.saved_tensors"), "in the order you passed them"),
+    (("ctx.scale * grad_y * x, None", "None, None"), "None is only for an input"),
+    (("grad_y * x, None", "grad_y * x, torch.ones(())"), "return None for scale"),
+    (("ctx.save_for_backward(x, w)", "ctx.x = x"), "ctx.save_for_backward(x, w) in forward"),
+    (("ctx.scale = scale", "pass"), "keep scale on ctx"),
+    (("return scale * x * w", "return x * w"), "return scale * x * w from forward"),
+    (("return ctx.scale * grad_y * w, ctx.scale * grad_y * x, None",
+      "return -ctx.scale * grad_y * w, -ctx.scale * grad_y * x, None"), "sign"),
+])
+def test_function_problem_names_the_fix_of_each_kind_of_mistake(change, says):
+    problem = function_problem(_scaled_mul(change))
+    if says is None:
+        assert problem is None, problem
+    else:
+        assert problem and says in problem, problem
+        assert problem.startswith("checked:") and "try:" in problem
+
+
+def _lifecycle_record(rank: int = 0) -> dict:
+    events, alive, held = [], [], 0
+    order = [(k, i, "forward") for i in range(2) for k in ("all_gather", "full", "compute",
+                                                          "free")]
+    order += [(k, i, "backward") for i in (1, 0) for k in ("all_gather", "full", "compute",
+                                                           "free", "reduce_scatter")]
+    for kind, layer, phase in order:
+        held += {"full": 100, "free": -100}.get(kind, 0)
+        events.append({"kind": kind, "layer": layer, "phase": phase, "bytes": 100})
+        alive.append(held)
+    return {"rank": rank, "world_size": 2, "events": events, "alive": alive,
+            "layer_bytes": [100, 100], "model_bytes": 200}
+
+
+def test_fsdp_lifecycle_figure_draws_every_rank_and_its_events():
+    fig = memory.fsdp_lifecycle([_lifecycle_record(0), _lifecycle_record(1)])
+    assert len(fig.axes) == 3                       # one per rank, then the bytes held
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts.count("gather") == 4 and texts.count("reduce-\nscatter") == 2
+    assert texts.count("fwd") == 2 and texts.count("bwd") == 2
+    assert len(fig.axes[2].get_lines()) == 3        # two ranks and the whole model's line
+    assert fsdp_lifecycle.summary(_lifecycle_record()).startswith(
+        "rank 0: 4 all_gathers and 2 reduce_scatters for 2 layers; at most 100 B")
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_lifecycle_recorded_on_two_ranks_of_torchs_fsdp():
+    res = spawn("course_utils.torch_dist.fsdp_lifecycle:engine_fsdp_lifecycle", 2, sources=[],
+                timeout=200)
+    for r in res:
+        ev = r["events"]
+        for layer in range(4):
+            mine = [(e["kind"], e["phase"]) for e in ev if e["layer"] == layer]
+            assert mine.count(("all_gather", "forward")) == 1, mine
+            assert mine.count(("all_gather", "backward")) == 1, mine
+            assert mine.count(("reduce_scatter", "backward")) == 1, mine
+            assert mine.count(("free", "forward")) == 1 and mine.count(("free", "backward")) == 1
+            # gather, the full weights, compute and free, in that order, in forward
+            fwd = [k for k, ph in mine if ph == "forward"]
+            assert fwd == ["all_gather", "full", "compute", "free"], fwd
+        gathers = [e["layer"] for e in ev if e["kind"] == "all_gather"]
+        assert gathers == [0, 1, 2, 3, 3, 2, 1, 0]
+        assert max(r["alive"]) == max(r["layer_bytes"]) < r["model_bytes"]
+        assert [e["bytes"] for e in ev if e["kind"] == "all_gather"][:4] == r["layer_bytes"]
+
+
+@pytest.mark.timeout(300)
+def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_views():
+    for strategy, buckets in (("ddp", "grads"), ("ddp_view", None)):
+        res = spawn("course_utils.torch_dist.sharding:engine_memory", 2, sources=[],
+                    timeout=200, strategy=strategy)
+        for r in res:
+            assert r["buckets"] == (r[buckets] if buckets else 0), r
+            assert r["grads"] == r["params"] == 4 * r["n_params"]

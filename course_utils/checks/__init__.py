@@ -9,6 +9,7 @@ from __future__ import annotations
 from .capstone import engine_check_capstone, engine_check_resume
 from .collective_calls import engine_check_collectives
 from .common import learner_line
+from .custom_function import function_problem
 from .data_parallel import dp_step_problem, engine_check_dp_step
 from .feedback_format import feedback
 from .performance import (
@@ -38,5 +39,6 @@ __all__ = ["alpha_beta_problem", "check_tf_capstone", "dp_step_problem",
            "engine_check_overlap_dp", "engine_check_point_to_point_only", "engine_check_resume",
            "engine_check_sampler", "engine_check_train_graph", "engine_check_watchdog",
            "engine_check_zero1", "engine_tf_one_step", "engine_tf_servers", "feedback",
-           "learner_line", "overlap_dp_at", "overlap_dp_problem", "RankFailed", "ring_problem",
-           "save_as_if_on", "spawn", "tf_start_and_resume_problem", "watchdog_at"]
+           "function_problem", "learner_line", "overlap_dp_at", "overlap_dp_problem",
+           "RankFailed", "ring_problem", "save_as_if_on", "spawn", "tf_start_and_resume_problem",
+           "watchdog_at"]

@@ -202,6 +202,7 @@ FIGURES = [
     ("per_rank_curves", "Per-rank loss curves (unit 3)"),
     ("replica_divergence", "Replica divergence: original program vs fixed (unit 2)"),
     ("memory_bars", "Bytes per rank: DDP, ZeRO-1, FSDP by hand and torch's (unit 10)"),
+    ("fsdp_lifecycle", "FSDP, event by event: gather, compute, free, reduce-scatter (unit 10)"),
     ("ps_traffic", "Parameter-server traffic per worker and shard (unit 4)"),
     ("ps_staleness", "Staleness, async vs sync (unit 4)"),
     ("ps_step_timeline", "Step timeline per worker, async vs sync (unit 4)"),
@@ -365,9 +366,11 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
 
 
 def _memory_figure(gal: Gallery, cc: Any) -> None:
-    """Unit 10's bytes per rank: the learner's classes (the solution cells) and torch's."""
+    """Unit 10's bytes per rank: the learner's classes (the solution cells) and torch's; and
+    FSDP's step, event by event, from torch's ``fully_shard``."""
     from .. import viz
     from ..torch_dist import sharding
+    from ..torch_dist.fsdp_lifecycle import engine_fsdp_lifecycle
 
     p = cc.world_size
 
@@ -386,6 +389,9 @@ def _memory_figure(gal: Gallery, cc: Any) -> None:
                f"10's ShardedAdam and HandFSDP (the solution cells), ZeroRedundancyOptimizer "
                f"and fully_shard: sharding.engine_memory, 10 Adam steps of a 4x64 MLP, gloo, "
                f"{p} ranks", memory)
+    gal.figure("fsdp_lifecycle", TITLES["fsdp_lifecycle"], "fsdp_lifecycle.engine_fsdp_lifecycle"
+               f": fully_shard on a 4x64 MLP, the second step's events, gloo, {p} ranks",
+               lambda: viz.memory.fsdp_lifecycle(cc.run(engine_fsdp_lifecycle, timeout=120)))
 
 
 def _tf_part(gal: Gallery, cc: Any) -> None:

@@ -244,7 +244,8 @@ def home_notebook(workdir: str | os.PathLike[str], infos: list[UnitInfo] | None 
             + status_markdown(workdir, infos)),
         new("## What each unit teaches\n\n" + objectives_markdown(infos)),
         new("## Stuck?\n\nRun the exercise's test cell at least once and save the notebook, "
-            "then ask for that one exercise's solution in a terminal:\n\n"
+            "then ask for that one exercise's solution in JupyterLab's terminal (File > New > "
+            "Terminal):\n\n"
             "```\ncourse solution 3 ex2      # unit 3, exercise 2\n```\n\n"
             "Other files here: `data/` (datasets) and `saved_models/` (the checkpoints "
             "training writes). "

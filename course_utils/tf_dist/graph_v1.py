@@ -180,26 +180,60 @@ def cross_task_traffic(graph: Any, batch: int) -> list[dict[str, Any]]:
 
 
 def run_training(cluster: CourseCluster | None, fn_name: str, *args: Any,
-                 timeout: float = 90.0, **kwargs: Any) -> list[Any]:
+                 timeout: float = 60.0, **kwargs: Any) -> list[Any]:
     """``cluster.call(fn_name, ...)`` for a TF training loop; a timeout says what to check.
 
     The course's step guard (in the ``hooks`` every worker passes to its session) stops a loop
     that runs too long with a message about ``global_step``; if that never fired, the loop did
-    not use the hooks at all, and this timeout says so.
+    not use the hooks at all (or never called ``sess.run``), and this timeout says so, names
+    each rank's line, and interrupts the loops (SIGINT, as Ctrl-C would) so that the next cell
+    finds the engines free.
     """
     cc = cluster or current()
     try:
         return cc.call(fn_name, *args, timeout=timeout, **kwargs)
     except ClusterTimeout as err:
+        return _timed_out(cc, fn_name, timeout, err)
+    except Exception:
+        # a worker raised while another still waits (for the chief, for a step): free it
+        if not cc.ping(timeout=1.0):
+            interrupt_loops(cc)
+        raise
+
+
+def _timed_out(cc: CourseCluster, fn_name: str, timeout: float, err: ClusterTimeout) -> Any:
+        lines = "; ".join(f"rank {r}: {at}" for r, at in sorted(cc.where().items()))
+        freed = interrupt_loops(cc)
         raise TFTimeout(
             f"{fn_name}() did not return within {timeout:g} s on every worker, and the course's "
             "step guard never fired: the session did not get the hooks (so neither "
-            "StopAtStepHook nor the guard could stop it), or a worker waits for a task that "
-            f"is gone ({_still_running(err.cause)}).",
+            "StopAtStepHook nor the guard could stop it), the loop never called sess.run, or "
+            f"a worker waits for a task that is gone ({_still_running(err.cause)}"
+            + (f"; {lines}" if lines else "") + "). "
+            + ("The course interrupted the loops: the engines are free again."
+               if freed else "The engines are still busy."),
             "pass hooks=[StopAtStepHook(last_step=steps), *hooks] to MonitoredTrainingSession "
-            "and loop while not sess.should_stop(); the engines are still busy: run "
-            "tf_dist.stop_servers(cluster), then re-run the notebook from the servers' cells",
+            "and run t['train_op'] in every pass of `while not sess.should_stop()`"
+            + ("" if freed else "; then run tf_dist.stop_servers(cluster) and re-run the "
+               "notebook from the servers' cells"),
         ) from None
+
+
+def interrupt_loops(cluster: CourseCluster, wait: float = 15.0) -> bool:
+    """*In the kernel.* Send SIGINT to every rank's engine (a ``KeyboardInterrupt`` in the
+    Python code it runs, as Ctrl-C would) and wait up to ``wait`` s for the engines to answer
+    again. True when they do; a call stuck inside C code that never returns stays stuck."""
+    import signal
+
+    try:
+        cluster.client.send_signal(signal.SIGINT, targets=cluster.ranks.engine_ids, block=True)
+    except Exception:
+        return False
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if cluster.ping(timeout=2.0):
+            return True
+    return False
 
 
 def _still_running(cause: str) -> str:

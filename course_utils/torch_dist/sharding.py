@@ -16,6 +16,11 @@ from typing import Any
 
 #: bytes per parameter, fp32: the weight, its gradient, Adam's two moments (exp_avg, exp_avg_sq)
 PARAM_B, GRAD_B, ADAM_B = 4, 4, 8
+#: DDP's gradient buckets: with ``gradient_as_bucket_view=False`` (DDP's default) the reducer
+#: keeps one flat buffer per bucket, every gradient copied in before its all_reduce and back
+#: after: a second copy of the gradients (torch's ``DistributedDataParallel`` docs of the flag,
+#: and ``Reducer::Bucket::gradients`` in ``torch/csrc/distributed/c10d/reducer.hpp``)
+BUCKET_B = 4
 
 
 def padded_chunk(numel: int, world_size: int) -> int:
@@ -24,15 +29,21 @@ def padded_chunk(numel: int, world_size: int) -> int:
 
 
 def formula_bytes(n_params: int, p: int) -> dict[str, dict[str, float]]:
-    """Bytes per rank (fp32 weights, Adam) for each strategy: params, grads, optimizer state.
+    """Bytes per rank (fp32 weights, Adam) for each strategy: params, grads, DDP's gradient
+    buckets, optimizer state.
 
-    DDP keeps everything on every rank; ZeRO-1 shards the optimizer state; FSDP (ZeRO-3)
-    shards all three (plus, while a layer runs, that one layer's full weights: not counted).
+    DDP keeps everything on every rank, and by default its buckets are a second copy of the
+    gradients (20 B per parameter; 16 with ``gradient_as_bucket_view=True``, where the gradients
+    are views of the buckets); ZeRO-1 under DDP shards the optimizer state; FSDP (ZeRO-3) shards
+    parameters, gradients and state and has no buckets (plus, while a layer runs, that one
+    layer's full weights: not counted).
     """
     n = n_params
-    return {"DDP": {"params": PARAM_B * n, "grads": GRAD_B * n, "optimizer": ADAM_B * n},
-            "ZeRO-1": {"params": PARAM_B * n, "grads": GRAD_B * n, "optimizer": ADAM_B * n / p},
-            "FSDP": {"params": PARAM_B * n / p, "grads": GRAD_B * n / p,
+    ddp = {"params": PARAM_B * n, "grads": GRAD_B * n, "buckets": BUCKET_B * n}
+    return {"DDP": {**ddp, "optimizer": ADAM_B * n},
+            "DDP, bucket views": {**ddp, "buckets": 0, "optimizer": ADAM_B * n},
+            "ZeRO-1": {**ddp, "optimizer": ADAM_B * n / p},
+            "FSDP": {"params": PARAM_B * n / p, "grads": GRAD_B * n / p, "buckets": 0,
                      "optimizer": ADAM_B * n / p}}
 
 
@@ -53,19 +64,20 @@ def local(t: Any) -> Any:
 
 
 def tensor_bytes(tensors: Iterable[Any]) -> int:
-    """Bytes this rank stores for ``tensors`` (each storage once; None skipped)."""
-    seen: set[int] = set()
-    total = 0
+    """Bytes this rank stores for ``tensors`` (None skipped): tensors that are views of one
+    storage count each distinct piece once, and never more than the storage holds (DDP's
+    gradients with ``gradient_as_bucket_view=True`` are views of one bucket)."""
+    pieces: dict[int, set[tuple[int, int]]] = {}
+    sizes: dict[int, int] = {}
     for t in tensors:
         if t is None:
             continue
         t = local(t)
-        key = t.untyped_storage().data_ptr()
-        if key in seen and key != 0:
-            continue
-        seen.add(key)
-        total += t.numel() * t.element_size()
-    return total
+        storage = t.untyped_storage()
+        key = storage.data_ptr() or id(t)
+        pieces.setdefault(key, set()).add((t.storage_offset(), t.numel() * t.element_size()))
+        sizes[key] = storage.nbytes()
+    return sum(min(sum(n for _, n in got), sizes[key]) for key, got in pieces.items())
 
 
 def optimizer_state_bytes(opt: Any) -> int:
@@ -76,11 +88,31 @@ def optimizer_state_bytes(opt: Any) -> int:
                         if hasattr(v, "numel"))
 
 
-def memory_of(model: Any, opt_bytes: int) -> dict[str, int]:
-    """This rank's bytes of parameters and gradients of ``model``, and ``opt_bytes``."""
+def memory_of(model: Any, opt_bytes: int, buckets: Iterable[Any] = ()) -> dict[str, int]:
+    """This rank's bytes of parameters and gradients of ``model``, of DDP's gradient
+    ``buckets`` that are not the gradients themselves, and ``opt_bytes``."""
     params = list(model.parameters())
+    grads = {local(p.grad).untyped_storage().data_ptr() for p in params if p.grad is not None}
     return {"params": tensor_bytes(params), "grads": tensor_bytes(p.grad for p in params),
+            "buckets": tensor_bytes(b for b in buckets
+                                    if b.untyped_storage().data_ptr() not in grads),
             "optimizer": opt_bytes}
+
+
+def watch_buckets(ddp: Any) -> dict[int, Any]:
+    """The flat gradient buffers of ``ddp``'s buckets, filled in as its next backward reduces
+    them: a communication hook that notes each bucket's buffer, then all-reduces it as DDP
+    would (``default_hooks.allreduce_hook``)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    seen: dict[int, Any] = {}
+
+    def note(state, bucket):  # no annotations: DDP checks them, and these are strings here
+        seen[bucket.index()] = bucket.buffer()
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp.register_comm_hook(None, note)
+    return seen
 
 
 def mlp(width: int = 64, depth: int = 4, seed: int = 0, n_in: int = 16, n_out: int = 4) -> Any:
@@ -111,10 +143,13 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
                   lr: float = 1e-2, cls_name: str | None = None) -> dict[str, Any]:
     """*Collective.* Train ``steps`` Adam steps with ``strategy`` and count this rank's bytes.
 
-    ``"ddp"``; ``"zero1"`` (the learner's class ``cls_name``, default ``ShardedAdam``, under DDP);
-    ``"zero_torch"`` (``ZeroRedundancyOptimizer`` under DDP); ``"fsdp_hand"`` (the learner's
-    ``cls_name``, default ``HandFSDP``); ``"fsdp2"`` (``fully_shard`` per Linear and the root).
-    With a GPU (NCCL) the model lives there and ``torch.cuda.max_memory_allocated`` is returned.
+    ``"ddp"``; ``"ddp_view"`` (DDP with ``gradient_as_bucket_view=True``); ``"zero1"`` (the
+    learner's class ``cls_name``, default ``ShardedAdam``, under DDP); ``"zero_torch"``
+    (``ZeroRedundancyOptimizer`` under DDP); ``"fsdp_hand"`` (the learner's ``cls_name``,
+    default ``HandFSDP``); ``"fsdp2"`` (``fully_shard`` per Linear and the root). Under DDP the
+    bucket buffers are noted by a communication hook (:func:`watch_buckets`) and counted where
+    they are not the gradients themselves. With a GPU (NCCL) the model lives there and
+    ``torch.cuda.max_memory_allocated`` is returned.
     """
     import torch
     import torch.distributed as dist
@@ -125,6 +160,7 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     model, opt, step_model = build(strategy, mlp(width, depth).to(dev), lr, cls_name)
+    buckets = watch_buckets(step_model) if hasattr(step_model, "reducer") else {}
     n_params = sum(p.numel() for p in mlp(width, depth).parameters())
     times = []
     for x, y in batches(steps + 1):
@@ -133,7 +169,7 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
         F.mse_loss(step_model(x.to(dev)), y.to(dev)).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-    held = memory_of(model, opt_state(opt, model))
+    held = memory_of(model, opt_state(opt, model), buckets.values())
     out: dict[str, Any] = {"rank": dist.get_rank(), "strategy": strategy, "n_params": n_params,
                            **held, "step_s": sorted(times[1:])[len(times[1:]) // 2]}
     if dev.type == "cuda":
@@ -199,8 +235,8 @@ def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[A
 
     import __main__
 
-    if strategy == "ddp":
-        ddp = DDP(model)
+    if strategy in ("ddp", "ddp_view"):
+        ddp = DDP(model, gradient_as_bucket_view=strategy == "ddp_view")
         return model, torch.optim.Adam(model.parameters(), lr=lr), ddp
     if strategy == "zero1":
         ddp = DDP(model)
@@ -225,22 +261,23 @@ def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[A
                 fully_shard(layer)
         fully_shard(model)
         return model, torch.optim.Adam(model.parameters(), lr=lr), model
-    raise ValueError(f"unknown strategy {strategy!r}: use ddp, zero1, zero_torch, fsdp_hand, "
-                     "fsdp2")
+    raise ValueError(f"unknown strategy {strategy!r}: use ddp, ddp_view, zero1, zero_torch, "
+                     "fsdp_hand, fsdp2")
 
 
 def memory_table(rows: list[dict[str, Any]], p: int) -> str:
     """A text table of measured bytes per rank (rank 0's row per strategy) beside the formula."""
-    names = {"ddp": "DDP", "zero1": "ZeRO-1", "zero_torch": "ZeRO-1", "fsdp_hand": "FSDP",
-             "fsdp2": "FSDP"}
-    lines = [f"{'strategy':<28}{'params':>10}{'grads':>10}{'optimizer':>11}{'total':>10}"
-             f"   formula (params/grads/optimizer)"]
+    names = {"ddp": "DDP", "ddp_view": "DDP, bucket views", "zero1": "ZeRO-1",
+             "zero_torch": "ZeRO-1", "fsdp_hand": "FSDP", "fsdp2": "FSDP"}
+    parts = ("params", "grads", "buckets", "optimizer")
+    lines = [f"{'strategy':<30}{'params':>9}{'grads':>9}{'buckets':>9}{'optimizer':>11}"
+             f"{'total':>9}  B/param   formula (params/grads/buckets/optimizer)"]
     for r in rows:
         f = formula_bytes(r["n_params"], p)[names[r["strategy"]]]
-        total = r["params"] + r["grads"] + r["optimizer"]
-        lines.append(f"{LABELS.get(r['strategy'], r['strategy']):<28}{r['params']:>10,}"
-                     f"{r['grads']:>10,}{r['optimizer']:>11,}{total:>10,}   "
-                     f"{f['params']:,.0f}/{f['grads']:,.0f}/{f['optimizer']:,.0f}")
+        got = [r.get(k, 0) for k in parts]
+        lines.append(f"{LABELS.get(r['strategy'], r['strategy']):<30}{got[0]:>9,}{got[1]:>9,}"
+                     f"{got[2]:>9,}{got[3]:>11,}{sum(got):>9,}{sum(got) / r['n_params']:>9.1f}"
+                     "   " + "/".join(f"{f[k]:,.0f}" for k in parts))
     return "\n".join(lines)
 
 
@@ -335,7 +372,8 @@ class CollectiveCounter:
 
 
 #: How the tables and figures name each strategy.
-LABELS = {"ddp": "DDP + Adam", "zero1": "ZeRO-1 (your ShardedAdam)",
+LABELS = {"ddp": "DDP + Adam", "ddp_view": "DDP, gradient_as_bucket_view",
+          "zero1": "ZeRO-1 (your ShardedAdam)",
           "zero_torch": "ZeroRedundancyOptimizer", "fsdp_hand": "FSDP (your HandFSDP)",
           "fsdp2": "FSDP2 fully_shard"}
 

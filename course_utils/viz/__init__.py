@@ -9,7 +9,7 @@ the palette of :mod:`.style`. Introduced in ``01_collectives`` (``per_rank_tenso
 (``per_rank_curves``, ``ddp_timeline``, ``live``), ``04_tf_classic_ps`` and
 ``05_tf2_parameter_server_strategy`` (``ps_traffic`` and friends; the pictures of the
 learner's own TF cluster in :mod:`.tf_pictures`) and the performance unit (``cost_model``) and
-``10_sharding_and_memory`` (``memory_bars``).
+``10_sharding_and_memory`` (``memory_bars``, ``memory.fsdp_lifecycle``).
 Pictures of the learner's own cluster and step (:mod:`.pictures`): ``cluster_picture``
 (``00_cluster_tour``), ``data_parallel_picture`` (``02``). ``show(fig)`` displays a figure once
 and closes it (one line per figure in a notebook).
