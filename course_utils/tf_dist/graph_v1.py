@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import settings
 from ..cluster import CourseCluster, current
@@ -193,7 +193,7 @@ def run_training(cluster: CourseCluster | None, fn_name: str, *args: Any,
     try:
         return cc.call(fn_name, *args, timeout=timeout, **kwargs)
     except ClusterTimeout as err:
-        return _timed_out(cc, fn_name, timeout, err)
+        _timed_out(cc, fn_name, timeout, err)
     except Exception:
         # a worker raised while another still waits (for the chief, for a step): free it
         if not cc.ping(timeout=1.0):
@@ -201,22 +201,23 @@ def run_training(cluster: CourseCluster | None, fn_name: str, *args: Any,
         raise
 
 
-def _timed_out(cc: CourseCluster, fn_name: str, timeout: float, err: ClusterTimeout) -> Any:
-        lines = "; ".join(f"rank {r}: {at}" for r, at in sorted(cc.where().items()))
-        freed = interrupt_loops(cc)
-        raise TFTimeout(
-            f"{fn_name}() did not return within {timeout:g} s on every worker, and the course's "
-            "step guard never fired: the session did not get the hooks (so neither "
-            "StopAtStepHook nor the guard could stop it), the loop never called sess.run, or "
-            f"a worker waits for a task that is gone ({_still_running(err.cause)}"
-            + (f"; {lines}" if lines else "") + "). "
-            + ("The course interrupted the loops: the engines are free again."
-               if freed else "The engines are still busy."),
-            "pass hooks=[StopAtStepHook(last_step=steps), *hooks] to MonitoredTrainingSession "
-            "and run t['train_op'] in every pass of `while not sess.should_stop()`"
-            + ("" if freed else "; then run tf_dist.stop_servers(cluster) and re-run the "
-               "notebook from the servers' cells"),
-        ) from None
+def _timed_out(cc: CourseCluster, fn_name: str, timeout: float, err: ClusterTimeout) -> NoReturn:
+    """Raise the TFTimeout that names each rank's line, after interrupting the loops."""
+    lines = "; ".join(f"rank {r}: {at}" for r, at in sorted(cc.where().items()))
+    freed = interrupt_loops(cc)
+    raise TFTimeout(
+        f"{fn_name}() did not return within {timeout:g} s on every worker, and the course's "
+        "step guard never fired: the session did not get the hooks (so neither "
+        "StopAtStepHook nor the guard could stop it), the loop never called sess.run, or "
+        f"a worker waits for a task that is gone ({_still_running(err.cause)}"
+        + (f"; {lines}" if lines else "") + "). "
+        + ("The course interrupted the loops: the engines are free again."
+           if freed else "The engines are still busy."),
+        "pass hooks=[StopAtStepHook(last_step=steps), *hooks] to MonitoredTrainingSession "
+        "and run t['train_op'] in every pass of `while not sess.should_stop()`"
+        + ("" if freed else "; then run tf_dist.stop_servers(cluster) and re-run the "
+           "notebook from the servers' cells"),
+    ) from None
 
 
 def interrupt_loops(cluster: CourseCluster, wait: float = 15.0) -> bool:
