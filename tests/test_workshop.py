@@ -81,10 +81,45 @@ def test_a_missing_or_broken_file_says_so(tmp_path):
         load_workshop(tmp_path / "bad.toml")
 
 
+def test_the_check_without_any_slurm_conf_says_where_to_set_it(monkeypatch, capsys):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setattr(check, "DEFAULT_SLURM_CONF", "/nowhere/slurm.conf")
+    ws = workshop_from_dict({"learners": 2, "hosts": _hosts(1),
+                             "hub": {"host": "gpu1", "port": free_port()}})
+    lines = {line.name: line for line in check.run_checks(ws, token="", emit=print)}
+    said = capsys.readouterr().out
+    assert "Traceback" not in said and lines["slurm"].status == "FAIL", said
+    assert ("set slurm_conf in the workshop file" in lines["slurm"].fix
+            or "slurm-client" in lines["slurm"].fix), lines["slurm"]
+    assert [line.status for line in lines.values()].count("FAIL") == 2  # Slurm and the hub
+    own = workshop_from_dict({"learners": 2, "hosts": _hosts(1), "slurm_conf": "/nowhere.conf"})
+    line = check.run_checks(own, token="", emit=print)[0]
+    assert "the workshop file's slurm_conf names /nowhere.conf" in line.detail, line
+    assert "SLURM_CONF" not in os.environ  # restored after the checks
+
+
+def test_a_check_that_breaks_inside_is_one_line_not_a_traceback(monkeypatch):
+    def broken(ws):
+        raise KeyError("NodeName")
+
+    monkeypatch.setattr(check, "check_hub", broken)
+    monkeypatch.setattr(check, "CHECKS", [broken])
+    monkeypatch.setattr(check, "NAMES", {broken: "hub"})
+    line = check.run_checks(workshop_from_dict({"learners": 1, "hosts": _hosts(1)}),
+                            token="", emit=print)[0]
+    assert line.status == "FAIL" and "KeyError" in line.detail and "course doctor" in line.fix
+
+
 # ---- what `course workshop` writes ----------------------------------------------------------
 def test_course_workshop_writes_slurm_gres_profile_and_a_hub_config_that_loads(tmp_path, capsys):
-    assert course(["workshop", str(EXAMPLE), "--out", str(tmp_path / "out"),
-                   "--course", str(tmp_path / "course")]) == 0
+    args = ["workshop", str(EXAMPLE), "--out", str(tmp_path / "out"),
+            "--course", str(tmp_path / "course")]
+    assert course(args) == 1  # no student release yet: the hub would have nothing to copy
+    said = capsys.readouterr()
+    assert "release is missing" in said.err or "release is missing" in said.out
+    assert f"course release {tmp_path / 'course'}" in said.err + said.out
+    (tmp_path / "course" / "release").mkdir(parents=True)
+    assert course(args) == 0
     said = capsys.readouterr().out
     assert "learners at once: 5 of 5 (GPUs for 8)" in said and "course workshop check" in said
     out = tmp_path / "out"
@@ -408,30 +443,95 @@ def test_shared_gpus_let_every_learner_run_at_once(rig):
         rig.cancel_all()
 
 
-def test_the_hub_hook_gives_a_learner_their_own_closed_copy_of_the_release(rig, tmp_path):
-    release = tmp_path / "release" / "unit0"
-    release.mkdir(parents=True)
-    (release / "00_cluster_tour.ipynb").write_text("{}")
-    user = rig.learners[0]
-    entry = pwd.getpwnam(user)
+class _Spawner:
+    """What JupyterHub hands the hook: the spawner, with its user."""
 
-    class Spawner:  # what JupyterHub hands the hook: the spawner, with its user
-        class user:  # noqa: N801
-            name = entry.pw_name
+    def __init__(self, name: str) -> None:
+        self.user = type("User", (), {"name": name})()
 
+
+def _release(files: int = 1) -> Path:
+    """A student release every learner can read (as ``course workshop`` leaves one)."""
+    base = Path(tempfile.mkdtemp(prefix="course-release-"))
+    base.chmod(0o755)
+    unit = base / "unit0"
+    unit.mkdir(mode=0o755)
+    for i in range(files):
+        (unit / f"{i:03d}.ipynb").write_text("{}")
+        (unit / f"{i:03d}.ipynb").chmod(0o644)
+    return base
+
+
+def test_the_hub_hook_gives_a_learner_their_own_closed_copy_of_the_release(rig):
+    release = _release()
+    entry = pwd.getpwnam(rig.learners[0])
     home = Path(entry.pw_dir)
     try:
-        hub.provision(tmp_path / "release")(Spawner())
-        copy = home / hub.WORK_FOLDER / "unit0" / "00_cluster_tour.ipynb"
+        hub.provision(release)(_Spawner(entry.pw_name))
+        copy = home / hub.WORK_FOLDER / "unit0" / "000.ipynb"
         assert copy.read_text() == "{}" and copy.stat().st_uid == entry.pw_uid
         assert stat.S_IMODE(home.stat().st_mode) == 0o700  # other learners cannot read it
         copy.write_text('{"mine": 1}')
-        hub.provision(tmp_path / "release")(Spawner())  # a second login keeps the work
+        hub.provision(release)(_Spawner(entry.pw_name))  # a second login keeps the work
         assert copy.read_text() == '{"mine": 1}'
         with pytest.raises(Exception, match="is not a user of this host"):
-            hub.provide_folder("cw-nobody-here", tmp_path / "release")
+            hub.provide_folder("cw-nobody-here", release)
+        shutil.rmtree(home / hub.WORK_FOLDER)
+        release.chmod(0o700)  # the copy runs as the learner: a release they cannot read fails
+        with pytest.raises(Exception, match=r"chmod -R a\+rX"):
+            hub.provision(release)(_Spawner(entry.pw_name))
     finally:  # the hub's tests give this learner the real release
         shutil.rmtree(home / hub.WORK_FOLDER, ignore_errors=True)
+        shutil.rmtree(release, ignore_errors=True)
+
+
+#: A learner's process that, once the hook has made ``~/course``, swaps it for a symlink to
+#: a folder of root's (the race a root hook that copies and chowns by path loses).
+_SWAP = """
+import os, sys, time
+work, target = sys.argv[1:3]
+end = time.monotonic() + 20
+while time.monotonic() < end:
+    if os.path.isdir(work) and not os.path.islink(work):
+        try:
+            os.rename(work, work + ".moved")
+            os.symlink(target, work)
+            print("swapped")
+        except OSError as err:
+            print("failed", err)
+        break
+    time.sleep(0.0005)
+"""
+
+
+def test_a_learner_who_swaps_their_folder_for_a_symlink_redirects_nothing(rig):
+    release = _release(files=400)  # a copy long enough for the swap to land inside it
+    entry = pwd.getpwnam(rig.learners[1])
+    home = Path(entry.pw_dir)
+    work = home / hub.WORK_FOLDER
+    target = Path(tempfile.mkdtemp(prefix="course-roots-"))  # root's, 0700
+    shutil.rmtree(work, ignore_errors=True)
+    swapper = subprocess.Popen(["runuser", "-u", entry.pw_name, "--", "python3", "-c", _SWAP,
+                                str(work), str(target)], stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)
+        try:
+            hub.provision(release)(_Spawner(entry.pw_name))
+        except Exception as err:  # the copy, as the learner, cannot write through the link
+            print("the hook said:", err)
+        said = swapper.communicate(timeout=30)[0]
+        print("learner's process:", said.strip())
+        assert "swapped" in said
+        assert list(target.iterdir()) == []  # nothing written through the link
+        assert target.stat().st_uid == 0 and stat.S_IMODE(target.stat().st_mode) == 0o700
+    finally:
+        swapper.kill()
+        for path in (work, Path(str(work) + ".moved")):
+            if path.is_symlink():
+                path.unlink()
+            shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(release, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
 
 
 def test_a_learners_cu_start_waits_in_the_queue_with_the_message_then_gets_a_gpu_per_host(

@@ -150,7 +150,7 @@ def cmd_workshop(args: argparse.Namespace) -> int:
 
         token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN") or find_token(args.out)
         lines = run_checks(load_workshop(args.rest[0]), token=token,
-                           learner_env=Path(args.out) / FOLDER)
+                           learner_env=Path(args.out).resolve() / FOLDER)
         print(f"course workshop check: {summary(lines)}")
         return 1 if any(line.status == "FAIL" for line in lines) else 0
     if args.rest:
@@ -159,7 +159,12 @@ def cmd_workshop(args: argparse.Namespace) -> int:
     from ..workshop.render import next_steps, write_workshop
 
     ws = load_workshop(args.file)
-    written = write_workshop(ws, Path(args.out), Path(args.course) / "release")
+    release = Path(args.course).resolve() / "release"
+    if not release.is_dir():
+        raise CourseError(f"{release} is missing: the hub gives each learner a copy of the "
+                          "student release",
+                          f"run `course release {args.course}` first, then this command again")
+    written = write_workshop(ws, Path(args.out), release)
     print("course workshop: wrote " + ", ".join(str(p) for p in written.values()))
     print(next_steps(ws, written))
     return 0

@@ -11,6 +11,7 @@ hub's REST API and is stopped again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,17 +56,34 @@ def _records(kind: str) -> dict[str, dict[str, str]]:
     return out
 
 
+#: Where Slurm's clients look for their configuration when ``SLURM_CONF`` is not set.
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+
+
 def check_slurm(ws: Workshop) -> Line:
     conf = os.environ.get("SLURM_CONF")
+    named = "the workshop file's slurm_conf" if ws.slurm_conf else "SLURM_CONF"
     if conf and not os.path.isfile(conf):  # scontrol would retry for a minute
-        return Line("slurm", "FAIL", f"SLURM_CONF names {conf}, which does not exist",
-                    "point SLURM_CONF at the cluster's slurm.conf, or unset it")
+        return Line("slurm", "FAIL", f"{named} names {conf}, which does not exist",
+                    f"point {named} at the cluster's slurm.conf, or unset it")
     try:
-        said = run_command(["scontrol", "ping"], timeout=15, check=False).strip()
-    except SlurmError as exc:
-        return Line("slurm", "FAIL", _one_line(exc.cause), exc.fix)
-    ok = " is UP" in said
-    return Line("slurm", "PASS" if ok else "FAIL", _one_line(said) or "no answer",
+        done = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=15,
+                              stdin=subprocess.DEVNULL, check=False)
+    except FileNotFoundError:
+        return Line("slurm", "FAIL", "`scontrol` is not installed here",
+                    "run the check on the hub host, where Slurm's clients are installed "
+                    "(Debian: apt-get install slurm-client)")
+    except subprocess.TimeoutExpired:
+        done = subprocess.CompletedProcess([], 1, "", "no answer within 15 s")
+    said = _one_line(done.stdout + "\n" + done.stderr)
+    if " is UP" in said:
+        return Line("slurm", "PASS", said)
+    if not conf and not os.path.isfile(DEFAULT_SLURM_CONF):
+        return Line("slurm", "FAIL", f"Slurm finds no configuration (SLURM_CONF is not set and "
+                    f"{DEFAULT_SLURM_CONF} does not exist): {said}",
+                    "set slurm_conf in the workshop file (or export SLURM_CONF) to the "
+                    "cluster's slurm.conf")
+    return Line("slurm", "FAIL", said,
                 "start slurmctld on the head host (and check SlurmctldHost/SlurmctldPort in "
                 "slurm.conf); `scontrol ping` must say UP")
 
@@ -280,6 +298,8 @@ NAMES = {check_slurm: "slurm", check_nodes: "nodes", check_gres: "gres",
 def _one_line(text: str) -> str:
     """A Slurm client's error in one line: its first line and, if more, its last."""
     lines = [line.strip() for line in text.strip().splitlines() if re.search(r"\w", line)]
+    if not lines:
+        return "no output"
     return lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
 
 
@@ -305,23 +325,50 @@ def run_checks(ws: Workshop, token: str | None = None, emit: Callable[[str], Non
     check)."""
     token = os.environ.get("JUPYTERHUB_API_TOKEN", "") if token is None else token
     lines: list[Line] = []
-    for check in CHECKS:
-        name = NAMES[check]
-        if lines and lines[0].status == "FAIL" and check is not check_hub:
-            line = Line(name, "SKIP", "Slurm does not answer")
-        else:
-            try:
-                line = check(ws)
-            except SlurmError as exc:
-                line = Line(name, "FAIL", _one_line(exc.cause), exc.fix)
-        lines.append(line)
-        emit(line.text())
-        if check is check_learner_ranks:
-            lines.append(check_sources(ws, learner_env))
-            emit(lines[-1].text())
+    with _slurm_conf(ws):
+        for check in CHECKS:
+            name = NAMES[check]
+            if lines and lines[0].status == "FAIL" and check is not check_hub:
+                line = Line(name, "SKIP", "Slurm does not answer")
+            else:
+                line = _guarded(name, check, ws)
+            lines.append(line)
+            emit(line.text())
+            if check is check_learner_ranks:
+                lines.append(_guarded("sources hidden", lambda w: check_sources(w, learner_env),
+                                      ws))
+                emit(lines[-1].text())
     hub_ok = lines[-1].status == "PASS"
-    spawn = check_spawn(ws, token) if hub_ok else Line("a learner spawns", "SKIP",
-                                                        "the hub does not answer")
+    spawn = (_guarded("a learner spawns", lambda w: check_spawn(w, token), ws) if hub_ok
+             else Line("a learner spawns", "SKIP", "the hub does not answer"))
     lines.append(spawn)
     emit(spawn.text())
     return lines
+
+
+@contextlib.contextmanager
+def _slurm_conf(ws: Workshop) -> Iterator[None]:
+    """Slurm's clients read the workshop file's ``slurm_conf`` while the checks run."""
+    before = os.environ.get("SLURM_CONF")
+    if ws.slurm_conf:
+        os.environ["SLURM_CONF"] = ws.slurm_conf
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = before
+
+
+def _guarded(name: str, check: Callable[[Workshop], Line], ws: Workshop) -> Line:
+    """One check's line, whatever goes wrong inside it: never a traceback."""
+    try:
+        return check(ws)
+    except SlurmError as exc:
+        return Line(name, "FAIL", _one_line(exc.cause), exc.fix)
+    except Exception as exc:  # noqa: BLE001  # a check's own fault must not hide the others
+        return Line(name, "FAIL", f"the check itself failed: {type(exc).__name__}: "
+                    f"{_one_line(str(exc))}",
+                    "run `course doctor`, then this check again with the cause fixed; if it "
+                    "persists, report it with this line")

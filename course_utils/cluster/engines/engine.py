@@ -10,9 +10,9 @@ import os
 import re
 import signal
 import socket
-import tempfile
 from typing import Any
 
+from ...private_dir import open_private, private_dir
 from ...procs import pid_alive
 from ...settings import ENV_HOST_CUDA_DEVICES, ENV_NODE, env
 
@@ -171,8 +171,7 @@ def install(info: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
 
 def stack_file(pid: int | None = None) -> str:
     """Where engine ``pid`` writes its stacks when it gets :data:`STACK_SIGNAL`."""
-    name = f"course-stack-{os.getuid()}-{pid or os.getpid()}.txt"
-    return os.path.join(tempfile.gettempdir(), name)
+    return str(private_dir("stacks") / f"{pid or os.getpid()}.txt")
 
 
 def enable_stack_dump() -> str | None:
@@ -186,8 +185,7 @@ def enable_stack_dump() -> str | None:
     if STACK_SIGNAL is None:
         return None
     if not _STACK_OUT:
-        path = stack_file()
-        out = open(path, "w")  # noqa: SIM115  # stays open: the handler writes to its fd
+        out = open_private(stack_file())  # stays open: the handler writes to its fd
         faulthandler.register(STACK_SIGNAL, file=out, all_threads=True, chain=False)
         _STACK_OUT.append(out)
     return _STACK_OUT[0].name
@@ -199,10 +197,9 @@ def remove_stale_stack_files() -> int:
     import glob
 
     removed = 0
-    pattern = os.path.join(tempfile.gettempdir(), f"course-stack-{os.getuid()}-*.txt")
-    for path in glob.glob(pattern):
+    for path in glob.glob(str(private_dir("stacks") / "*.txt")):
         try:
-            pid = int(path.rsplit("-", 1)[1].split(".")[0])
+            pid = int(os.path.basename(path).split(".")[0])
         except ValueError:
             continue
         if not pid_alive(pid):

@@ -43,6 +43,7 @@ from ipyparallel.cluster.launcher import (
 )
 
 from ... import procs, settings
+from ...private_dir import private_dir
 from ...settings import ENV_ENGINE_FORK, env
 from ..engines import ipyparallel_engine
 from . import fork_protocol
@@ -71,12 +72,9 @@ def enabled(environ: dict[str, str] | None = None) -> bool:
 
 
 def socket_dir() -> Path:
-    """This user's directory of server sockets (mode 0700; Unix socket paths must be short,
-    so not the profile directory)."""
-    d = Path(tempfile.gettempdir()) / f"course-engines-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(d, 0o700)
-    return d
+    """This user's directory of server sockets (in :func:`private_dir`, mode 0700; Unix socket
+    paths must be short, so not the profile directory)."""
+    return private_dir("engines")
 
 
 #: Variables that change while a process runs and that nothing reads before an engine starts
