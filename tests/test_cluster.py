@@ -574,6 +574,31 @@ def test_stop_leaves_no_engines_and_current_raises():
         cc.run(os.getpid)  # the stopped object: the course's error, not a closed client's
 
 
+def test_a_start_that_fails_after_the_engines_came_leaves_nothing_running(monkeypatch):
+    """A start that fails half-way (here: after the ranks were given) stops what it started,
+    so nothing (on Slurm: no job holding GPUs) is left that cu.stop() could not find."""
+    from course_utils.cluster.kernel.course_cluster import CourseCluster
+
+    cid = f"{CID}-halfway"
+    seen: list[int] = []
+    original = CourseCluster.refresh_ranks
+
+    def refresh_then_fail(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        seen.extend(r.pid for r in self.ranks)
+        raise OSError("the stack file could not be opened")
+
+    monkeypatch.setattr(CourseCluster, "refresh_ranks", refresh_then_fail)
+    with pytest.raises(OSError, match="stack file"):
+        cu.start(n=2, cluster_id=cid)
+    assert len(seen) == 2
+    deadline = time.time() + 10
+    while any(alive(p) for p in seen) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in seen)
+    assert not cl.cluster_file(cid).exists()
+
+
 def test_engines_that_exit_fail_fast(monkeypatch):
     monkeypatch.setenv("COURSE_ENGINE_PYTHON", "/bin/false")
     t0 = time.perf_counter()

@@ -113,3 +113,33 @@ def test_the_learners_cell_runs_on_more_ranks_with_what_it_uses_from_other_cells
 def test_a_name_no_cell_defined_says_which_cell_to_run(cluster):
     with pytest.raises(Exception, match="'nowhere' is not defined on this engine"):
         spawn("os:getpid", 2, cells=["nowhere"], cluster=cluster, timeout=60)
+
+
+#: A ring step that posts both sides and waits on them, and one that forgets to wait.
+WAITED = """
+def ring_all_reduce(t):
+    right, left = (rank + 1) % world_size, (rank - 1) % world_size
+    buf = torch.empty_like(t)
+    reqs = [dist.isend(t.clone(), right), dist.irecv(buf, left)]
+    for q in reqs:
+        q.wait()
+    t += buf
+    return t.numel() * t.element_size()
+"""
+UNWAITED = WAITED.replace("    for q in reqs:\n        q.wait()\n", "")
+
+
+def test_the_watchdog_names_requests_never_waited_for_in_seconds():
+    import time
+
+    probe = "course_utils.checks.ring_allreduce:engine_try_ring"
+    fine = spawn(probe, 2, sources=[WAITED], timeout=60, fn_name="ring_all_reduce", n=3)
+    assert fine == [{"x": [3.0] * 3, "sent": 12}] * 2, fine
+    t0 = time.monotonic()
+    got = spawn(probe, 2, sources=[UNWAITED], timeout=60, fn_name="ring_all_reduce", n=3)
+    took = time.monotonic() - t0
+    print(got, f"{took:.1f} s")
+    for r, res in enumerate(got):
+        assert res["error"].startswith(f"P2PUnwaited: rank {r}: 2 request(s)"), res
+        assert "call wait() on it" in res["error"]
+    assert took < 20, took  # not the group's timeout

@@ -209,6 +209,34 @@ def test_course_workshop_collect_lists_who_had_nothing_and_refuses_a_wrong_folde
     assert "needs the workshop file" in capsys.readouterr().err
 
 
+def test_collect_follows_no_link_and_closes_the_copies(tmp_path, monkeypatch):
+    from course_utils.workshop import collect
+
+    home = tmp_path / "home"
+    (home / "course" / "unit0").mkdir(parents=True)
+    (home / "course" / "unit0" / "00_mine.ipynb").write_text('{"mine": 1}')
+    secret = tmp_path / "neighbour.ipynb"
+    secret.write_text("a neighbour's work")
+    (home / "course" / "unit0" / "01_theirs.ipynb").symlink_to(secret)
+    (tmp_path / "theirs" / "unit1").mkdir(parents=True)
+    (tmp_path / "theirs" / "unit1" / "x.ipynb").write_text("theirs")
+    (home / "course" / "unit1").symlink_to(tmp_path / "theirs" / "unit1")
+    me = pwd.getpwuid(os.getuid())
+    fake = pwd.struct_passwd((me.pw_name, "x", me.pw_uid, me.pw_gid, "", str(home), "/bin/sh"))
+    monkeypatch.setattr(collect.pwd, "getpwnam", lambda name: fake)
+    course_dir = tmp_path / "c"
+    course_dir.mkdir()
+    (course_dir / "nbgrader_config.py").write_text("")
+    got = collect.collect_work(workshop_from_dict({"learners": ["ann"], "hosts": _hosts(1)}),
+                               course_dir)
+    names = [p.name for p in got.notebooks["ann"]]
+    assert names == ["00_mine.ipynb"], names  # neither link was followed
+    copy = course_dir / "submitted" / "ann" / "unit0" / "00_mine.ipynb"
+    assert copy.read_text() == '{"mine": 1}'
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+    assert stat.S_IMODE((course_dir / "submitted").stat().st_mode) == 0o700
+
+
 def test_shared_gpus_become_shard_gres():
     ws = workshop_from_dict({"learners": 9, "shards_per_gpu": 2, "hosts": _hosts(2, 2)})
     assert "GresTypes=gpu,shard" in render.slurm_lines(ws)
@@ -329,15 +357,17 @@ def test_workshop_check_names_each_fault_and_its_fix(rig, monkeypatch):
     nodes = _lines(renamed)["nodes"]
     assert nodes.status == "FAIL" and "['gpu-x'] are not Slurm nodes" in nodes.detail
     monkeypatch.setenv("SLURM_CONF", str(rig.slurm.root / "nowhere.conf"))
-    missing = _lines(rig.workshop())["slurm"]
+    missing = _lines(rig.workshop(slurm_conf=""))["slurm"]
     assert missing.status == "FAIL" and "nowhere.conf, which does not exist" in missing.detail
+    assert _lines(rig.workshop())["slurm"].status == "PASS"  # the file's slurm_conf wins
+    wrong_in_file = _lines(rig.workshop(slurm_conf=str(rig.slurm.root / "gone.conf")))["slurm"]
+    assert "the workshop file's slurm_conf names" in wrong_in_file.detail, wrong_in_file
     # slurmctld not answering: the same cluster's file with the controller on a closed port
     wrong = rig.slurm.root / "wrong-port.conf"
     wrong.write_text(re.sub(r"(?m)^SlurmctldPort=\d+", f"SlurmctldPort={free_port()}",
                             rig.slurm.conf.read_text()))
-    monkeypatch.setenv("SLURM_CONF", str(wrong))
     t0 = time.monotonic()
-    down = _lines(rig.workshop())
+    down = _lines(rig.workshop(slurm_conf=str(wrong)))
     print(f"with slurmctld unreachable the check took {time.monotonic() - t0:.1f} s")
     assert down["slurm"].status == "FAIL" and "DOWN" in down["slurm"].detail, down["slurm"]
     assert "slurmctld" in down["slurm"].fix
@@ -366,6 +396,25 @@ def test_the_sources_check_fails_while_a_learner_can_read_the_checkout(rig):
         print(line.text())
         assert line.status == "PASS", line
         assert check.check_sources(ws, None).status == "SKIP"
+        # the course folder as `course release` and grading leave it, with the umask's modes
+        course_dir = base / "course"
+        for sub in ("source/unit0", "release/unit0", "submitted/ann/unit0"):
+            (course_dir / sub).mkdir(parents=True, mode=0o755)
+        for name in ("nbgrader_config.py", "gradebook.db", "source/unit0/a.ipynb"):
+            (course_dir / name).write_text("{}")
+            (course_dir / name).chmod(0o644)
+        for sub in ("", "source", "source/unit0", "release", "submitted"):
+            (course_dir / sub).chmod(0o755)
+        opened = check.check_course_folder(ws, env, course_dir)
+        print(opened.text())
+        assert opened.status == "FAIL" and "gradebook.db" in opened.detail, opened
+        assert "source" in opened.detail and "submitted" in opened.detail
+        done = subprocess.run(opened.fix.split(" (")[0], shell=True, check=False)
+        assert done.returncode == 0  # the fix is a command that runs as written
+        closed = check.check_course_folder(ws, env, course_dir)
+        print(closed.text())
+        assert closed.status == "PASS", closed
+        assert check.check_course_folder(ws, env, base / "nowhere").status == "FAIL"
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -573,6 +622,37 @@ def test_a_learners_cu_start_waits_in_the_queue_with_the_message_then_gets_a_gpu
         cu.stop()
 
 
+def test_a_leaked_job_is_freed_by_the_instructor_or_by_the_learners_own_cu_stop(
+        rig, tmp_path, monkeypatch, capsys):
+    import course_utils as cu
+    from course_utils.cluster.launchers.slurm import job_name
+    from course_utils.workshop import jobs
+
+    ws = rig.workshop()
+    left = rig.submit_as(rig.learners[0], ws)  # a learner who went home with their GPUs
+    cid = f"pytest-leak-{os.getpid()}"
+    mine = rig.submit_as("root", ws, name=job_name(cid))  # a start of "mine" that died
+    _all_running([left, mine])
+    held = {j.learner: j.job_id for j in jobs.learner_jobs(ws)}
+    assert held == {rig.learners[0]: left}, held
+    assert jobs.release(ws, rig.learners[0]) == [left]
+    assert job_status(left).state in ("CANCELLED", "COMPLETING", "UNKNOWN"), job_status(left)
+    assert jobs.release(ws, rig.learners[0]) == []  # nothing left: says so, no error
+    with pytest.raises(WorkshopError, match="not a learner of this workshop"):
+        jobs.release(ws, "mallory")
+    # the learner's own cu.stop(), in a kernel that never learned its job, finds it by name
+    prof = tmp_path / "learner-profile.toml"
+    prof.write_text(render.learner_profile(ws))
+    monkeypatch.setenv("COURSE_PROFILE", str(prof))
+    monkeypatch.setenv("COURSE_CLUSTER_ID", cid)
+    cu.stop()
+    assert f"cancelled Slurm job {mine}" in capsys.readouterr().out
+    deadline = time.monotonic() + 15
+    while job_status(mine).state == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert job_status(mine).state != "RUNNING"
+
+
 # ---- the hub: real JupyterHub, learners through its REST API ---------------------------------
 @pytest.fixture(scope="module")
 def running(rig):
@@ -609,10 +689,11 @@ def test_workshop_check_passes_with_the_hub_and_a_test_learner_spawns(running):
     ws, token, base = running
     said: list[str] = []
     lines = check.run_checks(ws, token=token, emit=said.append,
-                             learner_env=base / "out" / "learner-env")
+                             learner_env=base / "out" / "learner-env", course=base / "course")
     print("\n".join(said))
-    assert [line.status for line in lines] == ["PASS"] * 8, said
+    assert [line.status for line in lines] == ["PASS"] * 9, said
     assert "cannot read" in lines[5].detail and lines[5].name == "sources hidden"
+    assert lines[6].name == "course folder closed"  # `course release` closed it
     assert re.search(r"'s lab was ready in \d+\.\d s \(stopped again\)$", lines[-1].detail)
 
 

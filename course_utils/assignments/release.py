@@ -241,7 +241,29 @@ def release(outdir: str | Path, units: list[int] | None = None,
                      for c in source_nb.cells
                      if nbgrader_meta(c).get("grade") and is_solution_cell(c)},
             seconds=time.perf_counter() - t0))
+    close_instructor_parts(root)
     return out
+
+
+#: What of a course folder is the instructor's alone: every solution and hidden test, the
+#: grades, the submissions and their feedback. (``release/`` stays readable: a workshop's hub
+#: copies it as each learner.)
+INSTRUCTOR_PARTS = ("source", "gradebook.db", "submitted", "autograded", "feedback")
+
+
+def close_instructor_parts(root: Path) -> None:
+    """Close :data:`INSTRUCTOR_PARTS` of ``root`` to group and others (the owner keeps their
+    rights); others may still pass through ``root`` to reach ``release/``."""
+    root.chmod(root.stat().st_mode & ~0o077 | 0o711)
+    for name in INSTRUCTOR_PARTS:
+        top = root / name
+        if not top.exists():
+            continue
+        paths = [top] + ([Path(d) / n for d, dirs, files in os.walk(top)
+                          for n in dirs + files] if top.is_dir() else [])
+        for path in paths:
+            if not path.is_symlink():
+                path.chmod(path.stat().st_mode & ~0o077)
 
 
 def _tail(text: str, n: int = 1500) -> str:

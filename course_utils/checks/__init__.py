@@ -22,7 +22,12 @@ from .ps_capstone import check_tf_capstone, tf_start_and_resume_problem
 from .ring_allreduce import engine_check_all_reduce, engine_check_point_to_point_only, ring_problem
 from .sharding import engine_check_bounds, engine_check_fsdp, engine_check_zero1
 from .spawn import RankFailed, spawn
-from .tf_graph import engine_check_train_graph, engine_tf_one_step, engine_tf_servers
+from .tf_graph import (
+    engine_check_train_graph,
+    engine_tf_one_step,
+    engine_tf_one_step_within,
+    engine_tf_servers,
+)
 from .training import (
     engine_check_checkpoint,
     engine_check_ddp,
@@ -38,7 +43,8 @@ __all__ = ["alpha_beta_problem", "check_tf_capstone", "dp_step_problem",
            "engine_check_ddp", "engine_check_dp_step", "engine_check_fsdp", "engine_check_load",
            "engine_check_overlap_dp", "engine_check_point_to_point_only", "engine_check_resume",
            "engine_check_sampler", "engine_check_train_graph", "engine_check_watchdog",
-           "engine_check_zero1", "engine_tf_one_step", "engine_tf_servers", "feedback",
+           "engine_check_zero1", "engine_tf_one_step", "engine_tf_one_step_within",
+           "engine_tf_servers", "feedback",
            "function_problem", "learner_line", "overlap_dp_at", "overlap_dp_problem",
            "RankFailed", "ring_problem", "save_as_if_on", "spawn", "tf_start_and_resume_problem",
            "watchdog_at"]

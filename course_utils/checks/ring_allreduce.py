@@ -338,6 +338,52 @@ def ring_on_more_ranks(fn_name: str = "ring_all_reduce", ranks: tuple[int, ...] 
     return None
 
 
+def try_ring(fn_name: str = "ring_all_reduce", n: int = 7, ranks: int | None = None,
+             timeout: float = 30.0) -> list[str]:
+    """Kernel side. The learner's ``%%px`` ring on ``ranks`` ranks of its own (default: as many
+    as the cluster has), rank ``r`` holding ``r + 1`` in each of ``n`` elements; prints (and
+    returns) what each rank holds afterwards and the bytes it said it sent, or the problem.
+    A ring whose sides disagree on a chunk's size makes gloo abort the receiving process, so
+    a first try runs where that process is not one of the learner's engines. Introduced in
+    ``01_collectives`` (exercise 1)."""
+    from ..cluster import current
+    from .spawn import RankFailed, spawn
+
+    p = ranks or current().world_size
+    try:
+        done = spawn(f"{__name__}:engine_try_ring", p, cells=[fn_name], timeout=timeout,
+                     collective_timeout=min(timeout, 20), fn_name=fn_name, n=n)
+    except RankFailed as exc:
+        lines = [ring_crash_problem(fn_name, exc.rank, exc.said, "") if exc.signal_name
+                 else feedback_side(fn_name, p, [exc.said], "")]
+    else:
+        lines = [f"rank {r}: {res['x']}  ({res['sent']} bytes sent)" if "error" not in res
+                 else f"rank {r}: {res['error']}" for r, res in enumerate(done)]
+    print("\n".join(lines))
+    return lines
+
+
+def engine_try_ring(fn_name: str, n: int, wait_s: float = 5.0) -> dict[str, Any]:
+    """On a rank of :func:`try_ring`'s world: the learner's ring on ``r + 1`` everywhere,
+    under the watchdog."""
+    import torch
+    import torch.distributed as dist
+
+    from ..torch_dist.p2p import P2PStuck, p2p_watchdog
+
+    x = torch.full((n,), dist.get_rank() + 1.0)
+    try:
+        with p2p_watchdog(seconds=wait_s):
+            sent = px_name(fn_name, to_call=True)(x)
+    except NotImplementedError:
+        return {"error": f"{fn_name} is not written yet"}
+    except P2PStuck as exc:
+        return {"error": f"stuck: {exc}"}
+    except Exception as exc:  # noqa: BLE001  # the learner's error, said on their rank's line
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+    return {"x": x.tolist(), "sent": sent}
+
+
 def engine_ring_calls(calls: list[tuple[str, list[Any]]]) -> list[Any]:
     """*Collective*, on a rank of :func:`ring_on_more_ranks`'s world: each probe of this module
     in turn; a probe's error is said (``{"side_error": ...}``), not raised, and ends the run

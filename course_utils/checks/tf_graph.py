@@ -58,6 +58,28 @@ def engine_tf_one_step() -> float:
             return float(sess.run(w))
 
 
+def engine_tf_one_step_within(seconds: float = 20.0) -> dict[str, Any]:
+    """:func:`engine_tf_one_step` in a thread of its own, waited for ``seconds``: ``{"w": ...}``,
+    ``{"error": ...}``, or ``{"stuck": True}`` when no answer came (a server made with
+    ``start=False`` accepts connections but never answers). The engine stays free either way:
+    a step stuck inside TensorFlow cannot be interrupted, so it is left to its thread, which
+    goes with the engine when the servers are stopped. Used by ``04_tf_classic_ps``'s test."""
+    import threading
+
+    out: dict[str, Any] = {}
+
+    def step() -> None:
+        try:
+            out["w"] = engine_tf_one_step()
+        except Exception as exc:  # noqa: BLE001  # said in the test's message
+            out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+
+    worker = threading.Thread(target=step, name="course-tf-one-step", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return out if not worker.is_alive() else {"stuck": True}
+
+
 def engine_check_train_graph(fn_name: str = "build_graph",
                              keys: tuple[str, ...] = GRAPH_KEYS) -> dict[str, Any]:
     """Build this worker's graph with the ``%%px`` function ``fn_name(worker_index)`` and report

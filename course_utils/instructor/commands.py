@@ -136,21 +136,44 @@ def _workshop_collect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _workshop_jobs(args: argparse.Namespace) -> int:
+    from ..workshop.jobs import learner_jobs, release
+    from ..workshop.plan import load_workshop
+
+    ws = load_workshop(args.rest[0])
+    if args.release:
+        gone = release(ws, args.release)
+        print(f"course workshop jobs: {args.release}'s job(s) {', '.join(gone)} cancelled; "
+              "their GPUs are free" if gone else
+              f"course workshop jobs: {args.release} holds no job in {ws.partition}")
+        return 0
+    held = learner_jobs(ws)
+    print(f"course workshop jobs: {len(held)} job(s) of learners in {ws.partition}")
+    for job in held:
+        print(job.text())
+    if held:
+        print("free one learner's GPUs: sudo course workshop jobs FILE --release LEARNER")
+    return 0
+
+
 def cmd_workshop(args: argparse.Namespace) -> int:
     from ..workshop.plan import load_workshop
 
-    if args.file in ("check", "collect") and not args.rest:
+    if args.file in ("check", "collect", "jobs") and not args.rest:
         raise CourseError(f"`course workshop {args.file}` needs the workshop file",
                           f"course workshop {args.file} workshop.toml")
     if args.file == "collect":  # `course workshop collect FILE --course DIR`
         return _workshop_collect(args)
+    if args.file == "jobs":  # `course workshop jobs FILE [--release LEARNER]`
+        return _workshop_jobs(args)
     if args.file == "check":  # `course workshop check FILE`
         from ..workshop.check import find_token, run_checks, summary
         from ..workshop.learner_env import FOLDER
 
         token = args.token or os.environ.get("JUPYTERHUB_API_TOKEN") or find_token(args.out)
         lines = run_checks(load_workshop(args.rest[0]), token=token,
-                           learner_env=Path(args.out).resolve() / FOLDER)
+                           learner_env=Path(args.out).resolve() / FOLDER,
+                           course=Path(args.course).resolve())
         print(f"course workshop check: {summary(lines)}")
         return 1 if any(line.status == "FAIL" for line in lines) else 0
     if args.rest:
@@ -211,8 +234,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     w = _add(sub, "workshop", cmd_workshop, "a workshop file -> the hub's config, Slurm's GRES "
              "lines and the learners' profile; `course workshop check FILE` checks it all",
              units=False)
-    w.add_argument("file", help="the workshop file (workshops/example.toml), or `check` or "
-                                "`collect` followed by it")
+    w.add_argument("file", help="the workshop file (workshops/example.toml), or `check`, "
+                                "`collect` or `jobs` followed by it")
     w.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
     w.add_argument("--out", default="workshop", help="where the files go (default: workshop/)")
     w.add_argument("--course", default=DEFAULT_COURSE,
@@ -220,6 +243,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "each learner starts with a copy of its release/")
     w.add_argument("--unit", type=int, action="append", metavar="N",
                    help="collect: only unit N (repeat for more); default: every unit")
+    w.add_argument("--release", default=None, metavar="LEARNER",
+                   help="jobs: cancel every job of LEARNER in the workshop's partition")
     w.add_argument("--token", default=None,
                    help="check: a hub API token that may start labs (default: "
                         "$JUPYTERHUB_API_TOKEN, else the one `course workshop` wrote in --out)")

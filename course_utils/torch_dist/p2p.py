@@ -85,6 +85,22 @@ class P2PStuck(RuntimeError):
                 "number": self.number, "seconds": self.seconds}
 
 
+class P2PUnwaited(RuntimeError):
+    """Requests from ``dist.isend``/``dist.irecv`` under :func:`p2p_watchdog` that the code
+    never called ``wait()`` on (``unwaited``: one ``(call, peer, number)`` each)."""
+
+    def __init__(self, rank: int, unwaited: list[tuple[str, int | None, int]]) -> None:
+        self.rank, self.unwaited = rank, unwaited
+        call, peer, number = unwaited[0]
+        towards = "to" if "send" in call else "from"
+        super().__init__(
+            f"rank {rank}: {len(unwaited)} request(s) from dist.isend/dist.irecv were never "
+            f"waited for (the first: dist.{call} {towards} rank {peer}, message {number} of "
+            "this rank). Until wait() returns, a receive buffer may not hold the message yet "
+            "and a send buffer must not change: keep each request and call wait() on it "
+            "before you read or reuse its tensor.")
+
+
 class _TimedWork:
     """A request from ``isend``/``irecv`` whose ``wait()`` gives up after the watchdog's limit."""
 
@@ -102,29 +118,29 @@ class _TimedWork:
 def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
     """*Collective* (every rank enters it). Inside the block, ``dist.send``/``dist.recv`` and
     the ``wait()`` of requests from ``dist.isend``/``dist.irecv`` raise :class:`P2PStuck`
-    after ``seconds`` instead of blocking until the process group's timeout. Engine side;
+    after ``seconds`` instead of blocking until the process group's timeout, and a request
+    never waited for raises :class:`P2PUnwaited` when the block ends. Engine side;
     introduced in ``01_collectives``.
 
     The messages travel on a throwaway group of all ranks (made on entry, destroyed on exit):
     gloo closes a connection whose wait timed out, and the course's process group must not
-    lose its connections to a learner's deadlock. Nothing else changes: a blocking ``send``
-    still waits for its matching ``recv`` (it is ``isend`` + ``wait``, which is what gloo does
-    too), so a deadlocking ring still deadlocks, but it says so within ``seconds``.
-    """
+    lose its connections to a learner's deadlock. A blocking ``send`` still waits for its
+    ``recv`` (``isend`` + ``wait``, as in gloo): a deadlock still deadlocks, but says so."""
     import datetime
 
     import torch.distributed as dist
 
-    names = ("send", "recv", "isend", "irecv")
-    saved = {name: getattr(dist, name) for name in names}
+    saved = {name: getattr(dist, name) for name in ("send", "recv", "isend", "irecv")}
     rank = dist.get_rank()
     count = [0]
     limit = datetime.timedelta(seconds=seconds)
     scratch = dist.new_group(timeout=datetime.timedelta(seconds=max(seconds, 1.0) + 30))
+    posted: dict[int, tuple[Any, str, int | None]] = {}  # message number -> not yet waited
 
     def waiter(call: str, peer: int | None, tensor: Any, number: int
                ) -> Callable[[Any, Any], Any]:
         def wait(work: Any, timeout: Any = None) -> Any:
+            posted.pop(number, None)
             try:
                 return work.wait(timeout=limit if timeout is None else timeout)
             except RuntimeError as exc:
@@ -143,6 +159,7 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
         if not args and kwargs.get("group") is None:
             kwargs["group"] = scratch   # peer stays a global rank: the same in this group
         work = real(tensor, peer, *args, **kwargs)
+        posted[count[0]] = (work, call, peer)
         return work, waiter(call, peer, tensor, count[0])
 
     def send(tensor: Any, dst: int | None = None, *args: Any, **kwargs: Any) -> None:
@@ -164,17 +181,43 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
 
     for name, fn in (("send", send), ("recv", recv), ("isend", isend), ("irecv", irecv)):
         setattr(dist, name, fn)
+    unwaited: list[tuple[str, int | None, int]] = []
+    failed = True  # until the block ends without an exception
     try:
         yield
+        failed = False
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-        # Leave together: a rank that finished must not tear the group down under a neighbour
-        # still waiting on it (that neighbour would see "connection closed", not its timeout).
+        if not failed:
+            unwaited = _land_unwaited(posted, limit)
+        _leave_together(scratch, seconds)
+    if unwaited:
+        raise P2PUnwaited(rank, unwaited)
+
+
+def _land_unwaited(posted: dict[int, tuple[Any, str, int | None]], limit: Any
+                   ) -> list[tuple[str, int | None, int]]:
+    """The requests never waited for, as ``(call, peer, number)``, after letting each land
+    (for at most ``limit``) so that the throwaway group goes with nothing in flight."""
+    for work, _, _ in posted.values():
         with contextlib.suppress(Exception):
-            dist.barrier(group=scratch, async_op=True).wait(
-                timeout=datetime.timedelta(seconds=seconds + 5))
-        dist.destroy_process_group(scratch)
+            work.wait(timeout=limit)
+    return [(call, peer, k) for k, (_, call, peer) in sorted(posted.items())]
+
+
+def _leave_together(scratch: Any, seconds: float) -> None:
+    """Destroy the watchdog's group once every rank is done with it: a rank that finished must
+    not tear the group down under a neighbour still waiting on it (that neighbour would see
+    "connection closed", not its timeout)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    with contextlib.suppress(Exception):
+        dist.barrier(group=scratch, async_op=True).wait(
+            timeout=datetime.timedelta(seconds=seconds + 5))
+    dist.destroy_process_group(scratch)
 
 
 def record_sends(fn: Callable[[Any], Any], t: Any) -> list[dict[str, Any]]:

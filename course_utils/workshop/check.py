@@ -4,7 +4,8 @@ its fix, every check bounded in time; exit 0 only when nothing failed.
 In order: Slurm answers; every host of the file is a node that is up; each node's GRES is what
 the file says; the partition holds every host; a test learner's ranks (one Slurm step with the
 learner's request) land on every host with distinct GPUs; that learner can neither read nor
-find the source notebooks; the hub answers; and, given an admin
+find the source notebooks, nor read the course folder's sources, gradebook, submissions and
+feedback; the hub answers; and, given an admin
 API token (``--token`` or ``$JUPYTERHUB_API_TOKEN``), a test learner's lab spawns through the
 hub's REST API and is stopped again.
 """
@@ -21,27 +22,15 @@ import urllib.error
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..cluster.launchers.slurm import SlurmError, parse_job, run_command
-from .learner_env import source_places
+from .check_as_learner import check_course_folder, check_sources
+from .check_line import Line
 from .plan import Workshop
 from .render import CHECK_TOKEN_FILE
 
 STEP_TIMEOUT_S = 60
-
-
-@dataclass(frozen=True)
-class Line:
-    name: str
-    status: str        # PASS, FAIL or SKIP
-    detail: str
-    fix: str = ""
-
-    def text(self) -> str:
-        out = f"[{self.status}] {self.name}: {self.detail}"
-        return out + (f" -> fix: {self.fix}" if self.status == "FAIL" and self.fix else "")
 
 
 def _records(kind: str) -> dict[str, dict[str, str]]:
@@ -178,51 +167,6 @@ def check_learner_ranks(ws: Workshop) -> Line:
     return Line("a learner's ranks", "PASS", where)
 
 
-SOURCE_PROBE = """
-import json, os, sys
-from course_utils.assignments import lessons
-read = []
-for place in sys.argv[1:]:
-    try:
-        os.listdir(place)
-        read.append(place)
-    except OSError:
-        pass
-print(json.dumps({"read": read, "env": str(lessons.NOTEBOOK_DIR),
-                  "env_has": lessons.NOTEBOOK_DIR.exists()}))
-"""
-
-
-def check_sources(ws: Workshop, learner_env: Path | None) -> Line:
-    """As a learner (``runuser``), in the learners' environment: the instructor's source
-    notebooks can be neither read nor found."""
-    name = "sources hidden"
-    python = learner_env / "bin" / "python" if learner_env else None
-    if python is None or not python.exists():
-        return Line(name, "SKIP", "no learners' environment: give --out (where `course "
-                    "workshop` wrote learner-env/)")
-    if os.geteuid() != 0:
-        return Line(name, "SKIP", "run the check as root to try it as a learner")
-    places = [str(p) for p in source_places()]
-    try:
-        done = subprocess.run(["runuser", "-u", ws.learners[0], "--", str(python), "-c",
-                               SOURCE_PROBE, *places], capture_output=True, text=True,
-                              timeout=STEP_TIMEOUT_S, cwd="/", check=False)
-        seen = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
-        return Line(name, "FAIL", f"the learners' Python did not run as {ws.learners[0]} "
-                    f"({exc})", "run `course workshop` again; is the learner an OS user?")
-    if seen["read"]:
-        return Line(name, "FAIL", f"{ws.learners[0]} can read {seen['read']}",
-                    "close them to learners: chmod 700 the checkout's home (or "
-                    f"chmod o-rwx {' '.join(seen['read'])})")
-    if seen["env_has"]:
-        return Line(name, "FAIL", f"the learners' environment has notebooks at {seen['env']}",
-                    "run `course workshop` again: it rebuilds learner-env without them")
-    return Line(name, "PASS", f"{ws.learners[0]} cannot read {len(places)} source folder(s); "
-                "the learners' environment has none")
-
-
 def hub_call(url: str, token: str = "", method: str = "GET", body: dict | None = None,
              timeout: float = 5.0) -> tuple[int, dict]:
     """One JupyterHub REST call (also to a learner's lab through the hub): (HTTP status, the
@@ -318,11 +262,11 @@ def find_token(out: str | os.PathLike[str]) -> str:
 
 
 def run_checks(ws: Workshop, token: str | None = None, emit: Callable[[str], None] = print,
-               learner_env: Path | None = None) -> list[Line]:
+               learner_env: Path | None = None, course: Path | None = None) -> list[Line]:
     """Every check in order; Slurm's later checks are skipped when Slurm does not answer.
     ``token``: the hub API token that may start a learner's lab (default
     ``$JUPYTERHUB_API_TOKEN``); ``learner_env``: the learners' environment (for the sources
-    check)."""
+    check); ``course``: the course folder of ``course release`` (for its permissions)."""
     token = os.environ.get("JUPYTERHUB_API_TOKEN", "") if token is None else token
     lines: list[Line] = []
     with _slurm_conf(ws):
@@ -337,6 +281,9 @@ def run_checks(ws: Workshop, token: str | None = None, emit: Callable[[str], Non
             if check is check_learner_ranks:
                 lines.append(_guarded("sources hidden", lambda w: check_sources(w, learner_env),
                                       ws))
+                emit(lines[-1].text())
+                lines.append(_guarded("course folder closed",
+                                      lambda w: check_course_folder(w, learner_env, course), ws))
                 emit(lines[-1].text())
     hub_ok = lines[-1].status == "PASS"
     spawn = (_guarded("a learner spawns", lambda w: check_spawn(w, token), ws) if hub_ok

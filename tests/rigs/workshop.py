@@ -155,15 +155,17 @@ class WorkshopRig:
         data.update(overrides)
         return workshop_from_dict(data)
 
-    def submit_as(self, user: str, ws: Workshop, seconds: int = 300) -> str:
-        """A job of ``user`` with a learner's request (one GPU on every host); its id."""
+    def submit_as(self, user: str, ws: Workshop, seconds: int = 300,
+                  name: str = "learner-engines") -> str:
+        """A job ``name`` of ``user`` with a learner's request (one GPU on every host); its
+        id."""
         cmd = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.slurm.conf}", "sbatch",
                "--parsable", f"--partition={ws.partition}", f"--nodes={len(ws.hosts)}",
                f"--ntasks-per-node={ws.gpus_per_learner}",
                f"--gres=shard:{ws.gpus_per_learner}" if ws.shared else "--gpus-per-task=1",
                "--time=5",
                f"--chdir={pwd.getpwnam(user).pw_dir}", "--output=%x-%j.out",
-               "--job-name=learner-engines",
+               f"--job-name={name}",
                "--wrap", f"srun sh -c 'echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES'; "
                          f"sleep {seconds}"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=False,

@@ -185,10 +185,11 @@ def enable_stack_dump() -> str | None:
     if STACK_SIGNAL is None:
         return None
     if not _STACK_OUT:
-        out = open_private(stack_file())  # stays open: the handler writes to its fd
+        path = stack_file()
+        out = open_private(path)  # stays open: the handler writes to its fd
         faulthandler.register(STACK_SIGNAL, file=out, all_threads=True, chain=False)
-        _STACK_OUT.append(out)
-    return _STACK_OUT[0].name
+        _STACK_OUT.append((out, path))
+    return _STACK_OUT[0][1]
 
 
 def remove_stale_stack_files() -> int:

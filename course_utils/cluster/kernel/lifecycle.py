@@ -28,7 +28,7 @@ import ipyparallel as ipp
 from ... import settings
 from ...errors import ClusterNotRunning, WorldSizeMismatch
 from ...procs import pid_alive
-from ..launchers import launching
+from ..launchers import launching, slurm
 from ..profiles import ClusterProfile, load_profile
 from . import controller, registry
 from .cluster_files import (
@@ -102,7 +102,16 @@ def start(
     if cc is None:
         cc = _start_new(cid, prof, want or settings.default_engines(), timeout,
                         tuple(preload))
-    cc.refresh_ranks()
+    try:
+        cc.refresh_ranks()
+    except BaseException:
+        # A start that fails half-way must not leave engines (on Slurm: a job holding GPUs)
+        # that no cu.stop() can find: one started here goes; one found stays findable.
+        if cc.owned:
+            cc.stop(kill=True)
+        else:
+            registry.make_current(cc)
+        raise
     cc.activate()
     registry.make_current(cc)
     return cc
@@ -141,6 +150,12 @@ def stop(force: bool = False) -> None:
     if cc is not None:
         cc.stop(force=force)
         cc.refuse_calls(stopped_it=cc.owned or force)
+        return
+    cid = settings.cluster_id()
+    if _profile(None).slurm is not None and not cluster_file(cid).exists():
+        # no cluster here nor on record: a job of ours under this name is one left behind
+        for job in slurm.cancel_own_jobs(cid):
+            print(f"cu.stop(): cancelled Slurm job {job}, engines left by an earlier start")
 
 
 def restart(timeout: float | None = None, force: bool = False) -> CourseCluster:

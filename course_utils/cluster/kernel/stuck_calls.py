@@ -81,7 +81,8 @@ class StuckCalls:
             if sig is None or not path or not ranks.has_engine(eid):
                 continue
             pid = ranks.by_engine(eid).pid
-            if not os.path.exists(path) or f"-{pid}." not in path or not is_engine(pid):
+            if not os.path.exists(path) or os.path.basename(path) != f"{pid}.txt" \
+                    or not is_engine(pid):
                 continue
             with contextlib.suppress(OSError):
                 size = os.path.getsize(path)

@@ -190,7 +190,7 @@ def batch_template(spec: SlurmSpec | None) -> str:
     filled in by ipyparallel."""
     lines = ["#!/bin/sh",
              "#SBATCH --export=ALL",
-             "#SBATCH --job-name=ipengine-{cluster_id}",
+             "#SBATCH --job-name=ipengine-{cluster_id}",  # job_name()
              "#SBATCH --ntasks={n}",
              *(f"#SBATCH {_literal(opt)}" for opt in sbatch_options(spec)),
              "#SBATCH --output={output_file}"]
@@ -231,6 +231,28 @@ class SlurmEngines(SlurmEngineSetLauncher):
             output = str(exc)
         self.notify_stop({"job_id": self.job_id, "output": output})
         return output
+
+
+def job_name(cluster_id: str) -> str:
+    """The Slurm job name of a cluster's engines (``#SBATCH --job-name`` above)."""
+    return f"ipengine-{cluster_id or 'default'}"
+
+
+def cancel_own_jobs(cluster_id: str) -> list[str]:
+    """Cancel this user's engine jobs of ``cluster_id`` (a start that died before the kernel
+    knew its job, e.g. a killed kernel); the ids cancelled. Slurm lets a user cancel only
+    their own jobs, and ``--user`` keeps the listing to them too."""
+    import getpass
+
+    try:
+        listed = run_command(["squeue", "-h", f"--user={getpass.getuser()}",
+                              f"--name={job_name(cluster_id)}", "-o", "%i"], timeout=10)
+    except SlurmError:  # no Slurm here, or it does not answer: nothing we could cancel
+        return []
+    ids = listed.split()
+    if ids:
+        run_command(["scancel", *ids], timeout=15, check=False)
+    return ids
 
 
 def batch_file(profile_dir: str | os.PathLike[str], cluster_id: str) -> Path:

@@ -1,0 +1,98 @@
+"""The checks of ``course workshop check`` that run as a learner (``runuser``, in the
+learners' environment): what a learner can read of the instructor's files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from .check_line import Line
+from .learner_env import source_places
+from .plan import Workshop
+
+#: Seconds a probe run as the learner may take.
+PROBE_TIMEOUT_S = 60
+
+SOURCE_PROBE = """
+import json, os, sys
+from course_utils.assignments import lessons
+read = []
+for place in sys.argv[1:]:
+    try:
+        if os.path.isdir(place):
+            os.listdir(place)
+        else:
+            open(place, "rb").close()
+        read.append(place)
+    except OSError:
+        pass
+print(json.dumps({"read": read, "env": str(lessons.NOTEBOOK_DIR),
+                  "env_has": lessons.NOTEBOOK_DIR.exists()}))
+"""
+
+
+#: What of the course folder no learner may read (``course release`` closes them).
+CLOSED_IN_COURSE = ("source", "gradebook.db", "submitted", "autograded", "feedback")
+
+
+def _as_learner(ws: Workshop, name: str, learner_env: Path | None, places: list[str]
+                ) -> tuple[dict | None, Line | None]:
+    """What :data:`SOURCE_PROBE` sees of ``places`` as the first learner, or the line saying
+    why it could not run."""
+    python = learner_env / "bin" / "python" if learner_env else None
+    if python is None or not python.exists():
+        return None, Line(name, "SKIP", "no learners' environment: give --out (where `course "
+                          "workshop` wrote learner-env/)")
+    if os.geteuid() != 0:
+        return None, Line(name, "SKIP", "run the check as root to try it as a learner")
+    try:
+        done = subprocess.run(["runuser", "-u", ws.learners[0], "--", str(python), "-c",
+                               SOURCE_PROBE, *places], capture_output=True, text=True,
+                              timeout=PROBE_TIMEOUT_S, cwd="/", check=False)
+        return json.loads(done.stdout.strip().splitlines()[-1]), None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return None, Line(name, "FAIL", f"the learners' Python did not run as "
+                          f"{ws.learners[0]} ({exc})",
+                          "run `course workshop` again; is the learner an OS user?")
+
+
+def check_course_folder(ws: Workshop, learner_env: Path | None, course: Path | None) -> Line:
+    """As a learner: the course folder's sources, gradebook, submissions and feedback cannot be
+    read."""
+    name = "course folder closed"
+    if course is None:
+        return Line(name, "SKIP", "no course folder given (--course)")
+    if not (course / "nbgrader_config.py").exists():
+        return Line(name, "FAIL", f"{course} is not a course folder (no nbgrader_config.py)",
+                    "give --course, the folder of `course release` (run it first)")
+    places = [str(course / p) for p in CLOSED_IN_COURSE if (course / p).exists()]
+    seen, why = _as_learner(ws, name, learner_env, places)
+    if why is not None:
+        return why
+    if seen["read"]:
+        return Line(name, "FAIL", f"{ws.learners[0]} can read {', '.join(seen['read'])}",
+                    f"chmod 711 {course} && chmod -R go-rwx " + " ".join(places)
+                    + f" (learners only need to read {course}/release)")
+    return Line(name, "PASS", f"{ws.learners[0]} cannot read {len(places)} of "
+                f"{course.name}/{{{','.join(CLOSED_IN_COURSE)}}}")
+
+
+def check_sources(ws: Workshop, learner_env: Path | None) -> Line:
+    """As a learner (``runuser``), in the learners' environment: the instructor's source
+    notebooks can be neither read nor found."""
+    name = "sources hidden"
+    places = [str(p) for p in source_places()]
+    seen, why = _as_learner(ws, name, learner_env, places)
+    if why is not None:
+        return why
+    if seen["read"]:
+        return Line(name, "FAIL", f"{ws.learners[0]} can read {seen['read']}",
+                    "close them to learners: chmod 700 the checkout's home (or "
+                    f"chmod o-rwx {' '.join(seen['read'])})")
+    if seen["env_has"]:
+        return Line(name, "FAIL", f"the learners' environment has notebooks at {seen['env']}",
+                    "run `course workshop` again: it rebuilds learner-env without them")
+    return Line(name, "PASS", f"{ws.learners[0]} cannot read {len(places)} source folder(s); "
+                "the learners' environment has none")
