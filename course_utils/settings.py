@@ -39,6 +39,7 @@ ENV_GRADING_RUN = "COURSE_GRADING_RUN"
 ENV_SANDBOX_HIDDEN = "COURSE_SANDBOX_HIDDEN"
 ENV_SANDBOX_SEEN = "COURSE_SANDBOX_SEEN"
 ENV_WORKSHOP = "COURSE_WORKSHOP"
+ENV_PORTS = "COURSE_PORTS"
 
 #: Every ``COURSE_*`` variable, and who sets it (a user, or the course for its own processes).
 VARIABLES: dict[str, str] = {
@@ -66,6 +67,8 @@ VARIABLES: dict[str, str] = {
     ENV_SANDBOX_HIDDEN: "course: folders a grading sandbox hides",
     ENV_SANDBOX_SEEN: "course: paths a grading sandbox binds back in",
     ENV_WORKSHOP: "course: the workshop file a learner's lab was made from",
+    ENV_PORTS: "course: LOW-HIGH, the ports the course may listen on (a workshop gives each "
+               "learner a block of their own, closed to the others by its firewall)",
 }
 
 #: Values of ``$COURSE_TORCH_DEBUG`` / ``cu.start_torch(debug=...)``.

@@ -90,6 +90,26 @@ def test_free_ports_come_from_below_the_ephemeral_range():
     assert ports.free_ports(3) != first
 
 
+def test_a_learners_block_of_ports_is_kept_and_a_full_one_says_so(monkeypatch):
+    monkeypatch.setenv("COURSE_PORTS", "23400-23409")
+    assert ports.pick_range() == (23400, 23410)
+    assert all(23400 <= p <= 23409 for p in ports.free_ports(4))
+    held = []
+    try:
+        for port in range(23400, 23410):  # the whole block taken: an error, not a port outside
+            s = socket.socket()
+            s.bind(("127.0.0.1", port))
+            held.append(s)
+        with pytest.raises(CourseError, match="no 1 free port"):
+            ports.free_port()
+    finally:
+        for s in held:
+            s.close()
+    monkeypatch.setenv("COURSE_PORTS", "20000")
+    with pytest.raises(CourseError, match="not a block of ports LOW-HIGH"):
+        ports.pick_range()
+
+
 def test_free_ports_skip_a_port_someone_listens_on(monkeypatch):
     with socket.socket() as taken:
         low, high = ports.pick_range()

@@ -4,6 +4,7 @@ hosts with fake GPUs and real OS users (tests/rigs/workshop.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -11,6 +12,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 from datetime import datetime
@@ -91,7 +93,8 @@ def test_the_check_without_any_slurm_conf_says_where_to_set_it(monkeypatch, caps
     assert "Traceback" not in said and lines["slurm"].status == "FAIL", said
     assert ("set slurm_conf in the workshop file" in lines["slurm"].fix
             or "slurm-client" in lines["slurm"].fix), lines["slurm"]
-    assert [line.status for line in lines.values()].count("FAIL") == 2  # Slurm and the hub
+    failed = sorted(name for name, line in lines.items() if line.status == "FAIL")
+    assert failed == ["hub", "ports closed to others", "slurm"], lines  # no firewall here
     own = workshop_from_dict({"learners": 2, "hosts": _hosts(1), "slurm_conf": "/nowhere.conf"})
     line = check.run_checks(own, token="", emit=print)[0]
     assert "the workshop file's slurm_conf names /nowhere.conf" in line.detail, line
@@ -127,6 +130,9 @@ def test_course_workshop_writes_slurm_gres_profile_and_a_hub_config_that_loads(t
     assert "GresTypes=gpu\n" in conf and "SelectType=select/cons_tres" in conf
     assert "NodeName=gpu2 NodeAddr=10.0.0.2 CPUs=32 Gres=gpu:8 State=UNKNOWN" in conf
     assert "PartitionName=workshop Nodes=gpu1,gpu2 MaxTime=04:00:00 State=UP" in conf
+    assert "TaskPlugin=task/cgroup,task/affinity" in conf  # fencing, with cgroup.conf beside
+    assert "MaxTRESPerUser=gres/gpu=2" in conf and "Replace, do not add" in conf
+    assert "ConstrainDevices=yes" in (out / "cgroup.conf").read_text()
     assert "NodeName=gpu1 Name=gpu File=/dev/nvidia[0-7]" in (out / "gres.conf").read_text()
     prof = load_profile(out / "learner-profile.toml")
     assert (prof.launcher, prof.engines, prof.controller_ip, prof.socket_ifname) == (
@@ -144,6 +150,21 @@ def test_course_workshop_writes_slurm_gres_profile_and_a_hub_config_that_loads(t
     assert c.ConfigurableHTTPProxy.api_url.startswith("http://127.0.0.1:")
     assert c.Authenticator.allowed_users == ["alice", "bob", "carol", "dave", "erin"]
     assert c.Spawner.environment["COURSE_PROFILE"] == str((out / "learner-profile.toml").resolve())
+    # each learner's own block of ports (JupyterHub calls the value with their spawner) ...
+    ports_of = c.Spawner.environment["COURSE_PORTS"]
+    assert [ports_of(type("S", (), {"user": type("U", (), {"name": who})})())
+            for who in ("alice", "erin")] == ["20000-20099", "20400-20499"]
+    # ... closed to the others by the firewall each host loads
+    wall = (out / "firewall.nft").read_text()
+    assert 'tcp dport 20100-20199 meta skuid != "bob" reject with tcp reset' in wall
+    assert wall.count("reject with tcp reset") == 5 and "delete table inet course_workshop" in wall
+    if shutil.which("nft"):  # the file parses (names checked: users of this machine)
+        for i, who in enumerate(("alice", "bob", "carol", "dave", "erin")):
+            wall = wall.replace(f'"{who}"', f'"{("root", "daemon", "bin", "sys", "nobody")[i]}"')
+        (tmp_path / "wall.nft").write_text(wall)
+        parsed = subprocess.run(["nft", "-c", "-f", str(tmp_path / "wall.nft")],
+                                capture_output=True, text=True, timeout=30, check=False)
+        assert parsed.returncode == 0, parsed.stderr
     assert c.JupyterHub.services[0]["api_token"] == token.read_text().strip()
     assert check.find_token(out) == token.read_text().strip()
     assert callable(c.Spawner.pre_spawn_hook)
@@ -331,7 +352,8 @@ def test_workshop_check_passes_on_the_good_rig_in_seconds(rig):
     lines = _lines(rig.workshop())
     took = time.monotonic() - t0
     print(f"workshop check took {took:.1f} s")
-    for name in ("slurm", "nodes", "gres", "partition", "a learner's ranks"):
+    for name in ("slurm", "nodes", "gres", "partition", "a learner's ranks",
+                 "same users, shared homes"):
         assert lines[name].status == "PASS", lines[name]
     assert re.fullmatch(r"rig-a: GPUs \['\d'\], rig-b: GPUs \['\d'\]",
                         lines["a learner's ranks"].detail)
@@ -653,6 +675,90 @@ def test_a_leaked_job_is_freed_by_the_instructor_or_by_the_learners_own_cu_stop(
     assert job_status(mine).state != "RUNNING"
 
 
+@contextlib.contextmanager
+def firewall_loaded(rig, nft_file: Path):
+    """``firewall.nft`` loaded in both hosts' network namespaces (where the learners' labs and
+    engines run; never in this machine's own, where other tests pick ports too)."""
+    from tests.rigs.common import apt_install, install_allowed, unavailable
+
+    if shutil.which("nft") is None and install_allowed():
+        apt_install(["nftables"], timeout=600)
+    if shutil.which("nft") is None:
+        unavailable("nftables (nft) is not installed", "apt-get install -y nftables  # as root")
+    hosts = [rig.hosts.host(h) for h in ("a", "b")]
+    try:
+        for h in hosts:
+            done = rig.hosts.run(h, ["nft", "-f", str(nft_file)], check=False)
+            assert done.returncode == 0, done.stderr
+        yield
+    finally:
+        for h in hosts:
+            rig.hosts.run(h, ["nft", "delete", "table", "inet", render.FIREWALL_TABLE],
+                          check=False)
+
+
+#: A learner's torch store (as the course starts one), with a key only its ranks should read.
+STORE = """
+import datetime, sys, time
+import torch.distributed as dist
+store = dist.TCPStore(sys.argv[1], int(sys.argv[2]), None, True,
+                      datetime.timedelta(seconds=60), wait_for_workers=False)
+store.set("rank0_addr", "the owner's value")
+print("listening", flush=True)
+time.sleep(90)
+"""
+#: Another process that connects to it, reads the key and plants one.
+INTRUDER = """
+import datetime, sys
+import torch.distributed as dist
+try:
+    c = dist.TCPStore(sys.argv[1], int(sys.argv[2]), None, False, datetime.timedelta(seconds=4))
+    print("read:", c.get("rank0_addr").decode())
+    c.set("planted", "x")
+    print("planted")
+except Exception as exc:
+    print("refused:", type(exc).__name__)
+"""
+
+
+def test_a_learner_cannot_reach_anothers_torch_store_once_the_firewall_is_loaded(
+        rig, tmp_path):
+    from tests.rigs.workshop import reachable_by_all
+
+    ws = rig.workshop()
+    ann, ben = rig.learners[:2]
+    low, high = ws.port_block(ann)
+    assert (low, high) == (20000, 20099) and ws.port_block(ben)[0] == 20100
+    nft = tmp_path / "firewall.nft"
+    nft.write_text(render.firewall_nft(ws))
+    a, b = rig.hosts.host("a"), rig.hosts.host("b")
+    python = sys.executable
+
+    def as_user(user: str, host, code: str, *args: str, timeout: float = 60):
+        return rig.hosts.run(host, ["runuser", "-u", user, "--", python, "-c", code, *args],
+                             timeout=timeout, check=False).stdout.strip()
+
+    with reachable_by_all(sys.prefix, os.path.realpath(sys.executable)):
+        owner = rig.hosts.popen(a, ["runuser", "-u", ann, "--", python, "-c", STORE,
+                                    a.address, str(low + 7)],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            assert owner.stdout.readline().strip() == "listening"
+            before = as_user(ben, b, INTRUDER, a.address, str(low + 7))
+            print("without the firewall, ben from host b:", before)
+            assert "read: the owner's value" in before and "planted" in before
+            with firewall_loaded(rig, nft):
+                seen = {f"{who} from {h.name}": as_user(who, h, INTRUDER, a.address, str(low + 7))
+                        for who, h in ((ben, b), (ben, a), (ann, b))}
+            print(seen)
+            assert seen[f"{ben} from b"].startswith("refused")
+            assert seen[f"{ben} from a"].startswith("refused")
+            assert "planted" in seen[f"{ann} from b"]  # the owner's own ranks still reach it
+        finally:
+            owner.kill()
+            owner.wait()
+
+
 # ---- the hub: real JupyterHub, learners through its REST API ---------------------------------
 @pytest.fixture(scope="module")
 def running(rig):
@@ -678,22 +784,42 @@ def running(rig):
     written = render.write_workshop(ws, base / "out", base / "course" / "release")
     netns = rig.hosts.host("a").netns
     try:
-        with (closed_to_others(source_places()),
+        with (closed_to_others(source_places()), firewall_loaded(rig, written["firewall.nft"]),
               running_hub(written["jupyterhub_config.py"], netns, ws.hub_url, base / "hub.log")):
             yield ws, check.find_token(base / "out"), base
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_workshop_check_passes_with_the_hub_and_a_test_learner_spawns(running):
+#: ``check_firewall`` run inside a host's namespace (where the rig loaded the firewall).
+FIREWALL_CHECK = """
+import sys
+from pathlib import Path
+from course_utils.workshop.check_as_learner import check_firewall
+from course_utils.workshop.plan import workshop_from_dict
+ws = workshop_from_dict({"learners": sys.argv[2:],
+                         "hosts": [{"name": "x", "address": "10.0.0.1", "gpus": 1}]})
+print(check_firewall(ws, Path(sys.argv[1])).text())
+"""
+
+
+def test_workshop_check_passes_with_the_hub_and_a_test_learner_spawns(rig, running):
     ws, token, base = running
     said: list[str] = []
     lines = check.run_checks(ws, token=token, emit=said.append,
                              learner_env=base / "out" / "learner-env", course=base / "course")
     print("\n".join(said))
-    assert [line.status for line in lines] == ["PASS"] * 9, said
+    by_name = {line.name: line for line in lines}
+    # the firewall is loaded where the learners run (the hosts' namespaces), not in this one
+    wall = by_name.pop("ports closed to others")
+    assert wall.status == "FAIL" and f"nft -f {base / 'out' / 'firewall.nft'}" in wall.fix, wall
+    assert [line.status for line in by_name.values()] == ["PASS"] * 10, said
     assert "cannot read" in lines[5].detail and lines[5].name == "sources hidden"
     assert lines[6].name == "course folder closed"  # `course release` closed it
+    inside = rig.hosts.run("a", [sys.executable, "-c", FIREWALL_CHECK, str(base / "out"),
+                                 *ws.learners], timeout=60).stdout.strip()
+    print(inside)
+    assert inside.startswith("[PASS] ports closed to others: 5 learners' blocks"), inside
     assert re.search(r"'s lab was ready in \d+\.\d s \(stopped again\)$", lines[-1].detail)
 
 

@@ -3,11 +3,12 @@ its fix, every check bounded in time; exit 0 only when nothing failed.
 
 In order: Slurm answers; every host of the file is a node that is up; each node's GRES is what
 the file says; the partition holds every host; a test learner's ranks (one Slurm step with the
-learner's request) land on every host with distinct GPUs; that learner can neither read nor
+learner's request) land on every host with distinct GPUs; the first learner has the same uid on
+every host and sees one home from all; that learner can neither read nor
 find the source notebooks, nor read the course folder's sources, gradebook, submissions and
-feedback; the hub answers; and, given an admin
-API token (``--token`` or ``$JUPYTERHUB_API_TOKEN``), a test learner's lab spawns through the
-hub's REST API and is stopped again.
+feedback; this host's firewall closes each learner's ports to the others; the hub answers;
+and, given an admin API token (``--token`` or ``$JUPYTERHUB_API_TOKEN``), a test learner's
+lab spawns through the hub's REST API and is stopped again.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..cluster.launchers.slurm import SlurmError, parse_job, run_command
-from .check_as_learner import check_course_folder, check_sources
+from .check_as_learner import check_course_folder, check_firewall, check_sources
 from .check_line import Line
 from .plan import Workshop
 from .render import CHECK_TOKEN_FILE
@@ -167,6 +168,53 @@ def check_learner_ranks(ws: Workshop) -> Line:
     return Line("a learner's ranks", "PASS", where)
 
 
+#: What the first learner's step prints on each host, and leaves in their home there.
+_USER_PROBE = ('echo "user-on $SLURMD_NODENAME $(id -u) $(id -g)"; '
+               'touch "$HOME/.course-check-$SLURMD_NODENAME"')
+
+
+def check_same_users(ws: Workshop) -> Line:
+    """As the first learner, one task on every host: the learner has the same uid and gid
+    there as here, and a file written in their home on each host is seen here (the homes are
+    shared storage: labs run here, engines there)."""
+    import pwd
+
+    name, who = "same users, shared homes", ws.learners[0]
+    try:
+        entry = pwd.getpwnam(who)
+    except KeyError:
+        return Line(name, "FAIL", f"{who} is not a user of this host",
+                    f"create the learners on every host with the same uid (useradd -u UID {who})")
+    home = Path(entry.pw_dir)
+    for h in ws.hosts:
+        (home / f".course-check-{h.name}").unlink(missing_ok=True)
+    step = [x for x in learner_step(ws)[:-3]  # one task per host, no GPU: who and where
+            if not x.startswith(("--gpus-per-task", "--gres=", "--ntasks-per-node"))]
+    step += ["--ntasks-per-node=1", "sh", "-c", _USER_PROBE]
+    try:
+        out = run_command(["runuser", "-u", who, "--", *step], timeout=STEP_TIMEOUT_S)
+    except SlurmError as exc:
+        return Line(name, "FAIL", _one_line(exc.cause), exc.fix)
+    problems = []
+    for line in out.splitlines():
+        if line.startswith("user-on "):
+            _, node, uid, gid = line.split()
+            if (int(uid), int(gid)) != (entry.pw_uid, entry.pw_gid):
+                problems.append(f"{who} is uid {uid} gid {gid} on {node}, "
+                                f"{entry.pw_uid} {entry.pw_gid} here")
+    unseen = [h.name for h in ws.hosts if not (home / f".course-check-{h.name}").exists()]
+    if unseen:
+        problems.append(f"the file {who} wrote in {home} on {unseen} is not seen here")
+    for h in ws.hosts:
+        (home / f".course-check-{h.name}").unlink(missing_ok=True)
+    if problems:
+        return Line(name, "FAIL", "; ".join(problems),
+                    "give every learner the same uid and gid on every host (useradd -u/-g, or "
+                    "LDAP), and their homes on storage every host mounts at the same path")
+    return Line(name, "PASS", f"{who}: uid {entry.pw_uid} on {len(ws.hosts)} host(s), one "
+                f"home seen from all")
+
+
 def hub_call(url: str, token: str = "", method: str = "GET", body: dict | None = None,
              timeout: float = 5.0) -> tuple[int, dict]:
     """One JupyterHub REST call (also to a learner's lab through the hub): (HTTP status, the
@@ -233,10 +281,11 @@ def check_spawn(ws: Workshop, token: str, user: str | None = None,
 
 
 CHECKS: tuple[Callable[[Workshop], Line], ...] = (
-    check_slurm, check_nodes, check_gres, check_partition, check_learner_ranks, check_hub)
+    check_slurm, check_nodes, check_gres, check_partition, check_learner_ranks,
+    check_same_users, check_hub)
 NAMES = {check_slurm: "slurm", check_nodes: "nodes", check_gres: "gres",
          check_partition: "partition", check_learner_ranks: "a learner's ranks",
-         check_hub: "hub"}
+         check_same_users: "same users, shared homes", check_hub: "hub"}
 
 
 def _one_line(text: str) -> str:
@@ -284,6 +333,9 @@ def run_checks(ws: Workshop, token: str | None = None, emit: Callable[[str], Non
                 emit(lines[-1].text())
                 lines.append(_guarded("course folder closed",
                                       lambda w: check_course_folder(w, learner_env, course), ws))
+                emit(lines[-1].text())
+                lines.append(_guarded("ports closed to others", lambda w: check_firewall(
+                    w, learner_env.parent if learner_env else None), ws))
                 emit(lines[-1].text())
     hub_ok = lines[-1].status == "PASS"
     spawn = (_guarded("a learner spawns", lambda w: check_spawn(w, token), ws) if hub_ok

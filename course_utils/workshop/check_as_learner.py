@@ -1,5 +1,6 @@
-"""The checks of ``course workshop check`` that run as a learner (``runuser``, in the
-learners' environment): what a learner can read of the instructor's files."""
+"""The checks of ``course workshop check`` about what one learner can reach of another's or
+the instructor's: files (run as a learner, ``runuser``, in the learners' environment) and
+ports (the firewall that closes each learner's block of ports to the others)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,34 @@ def check_sources(ws: Workshop, learner_env: Path | None) -> Line:
                     "run `course workshop` again: it rebuilds learner-env without them")
     return Line(name, "PASS", f"{ws.learners[0]} cannot read {len(places)} source folder(s); "
                 "the learners' environment has none")
+
+
+def check_firewall(ws: Workshop, out: Path | None) -> Line:
+    """On this host: the table of ``firewall.nft`` is loaded and holds every learner's block.
+    (Each host needs it; run the check on the hub host and load the same file on the others.)"""
+    import shutil
+
+    from .render import FIREWALL_TABLE
+
+    name = "ports closed to others"
+    fix = f"as root on every host: nft -f {out / 'firewall.nft' if out else '<out>/firewall.nft'}"
+    if shutil.which("nft") is None:
+        return Line(name, "FAIL", "nftables is not installed here",
+                    "apt-get install -y nftables; then " + fix)
+    if os.geteuid() != 0:
+        return Line(name, "SKIP", "run the check as root to read the firewall")
+    try:
+        done = subprocess.run(["nft", "list", "table", "inet", FIREWALL_TABLE],
+                              capture_output=True, text=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Line(name, "FAIL", f"nft did not answer ({exc})", fix)
+    if done.returncode != 0:
+        return Line(name, "FAIL", f"no table inet {FIREWALL_TABLE} on this host: any learner "
+                    "can connect to another's torch store and TensorFlow servers", fix)
+    missing = [who for who in ws.learners
+               if "{}-{}".format(*ws.port_block(who)) not in done.stdout]
+    if missing:
+        return Line(name, "FAIL", f"the loaded table lacks the blocks of {missing} (an older "
+                    "workshop file?)", "run `course workshop` again, then " + fix)
+    return Line(name, "PASS", f"{len(ws.learners)} learners' blocks from "
+                f"{ws.port_block(ws.learners[0])[0]} closed to the others on this host")

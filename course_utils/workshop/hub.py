@@ -70,6 +70,16 @@ def provide_folder(user: str, release: Path) -> Path:
     return work
 
 
+def port_blocks(blocks: dict[str, str]) -> Callable[[Any], str]:
+    """The value of ``COURSE_PORTS`` in ``Spawner.environment``: each learner's block
+    (``"LOW-HIGH"``), which JupyterHub asks for with the learner's spawner."""
+
+    def block(spawner: Any) -> str:
+        return blocks.get(spawner.user.name, "")
+
+    return block
+
+
 def provision(release: str | os.PathLike[str]) -> Callable[[Any], None]:
     """The ``pre_spawn_hook`` for a hub whose learners start in the release at ``release``."""
     path = Path(release)

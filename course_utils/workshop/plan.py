@@ -59,6 +59,11 @@ class WorkshopHost:
         return "/dev/nvidia0" if self.gpus == 1 else f"/dev/nvidia[0-{self.gpus - 1}]"
 
 
+#: The learners' port blocks: learner k (in the file's order) gets ``PORTS_PER_LEARNER`` ports
+#: from ``PORT_BASE + k * PORTS_PER_LEARNER``, all below Linux's ephemeral range (32768).
+PORT_BASE, PORTS_PER_LEARNER, PORT_CEILING = 20000, 100, 32768
+
+
 @dataclass(frozen=True)
 class Workshop:
     hosts: tuple[WorkshopHost, ...]
@@ -106,6 +111,13 @@ class Workshop:
     @property
     def ranks_per_learner(self) -> int:
         return self.gpus_per_learner * len(self.hosts)
+
+    def port_block(self, learner: str) -> tuple[int, int]:
+        """``(low, high)``, both included: the ports ``learner``'s servers (the torch store,
+        TensorFlow's tasks) listen on, closed to every other learner by the firewall."""
+        k = self.learners.index(learner)
+        low = PORT_BASE + k * PORTS_PER_LEARNER
+        return low, low + PORTS_PER_LEARNER - 1
 
 
 def _need(table: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -173,6 +185,11 @@ def workshop_from_dict(data: dict[str, Any], path: str = "") -> Workshop:
     if len({h.name for h in hosts}) != len(hosts):
         raise WorkshopError("two [[hosts]] have the same name", "give each host its own name")
     learners = _learners(data.get("learners"))
+    if PORT_BASE + len(learners) * PORTS_PER_LEARNER > PORT_CEILING:
+        most = (PORT_CEILING - PORT_BASE) // PORTS_PER_LEARNER
+        raise WorkshopError(f"{len(learners)} learners do not fit the port blocks (at most "
+                            f"{most}, {PORTS_PER_LEARNER} ports each)",
+                            f"run two workshops of at most {most} learners each")
     per = _positive(data, "gpus_per_learner", "the workshop file", 1)
     shards = _positive(data, "shards_per_gpu", "the workshop file", 0)
     if per < 1:
