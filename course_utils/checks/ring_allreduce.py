@@ -56,7 +56,7 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
     out: dict[str, Any] = {"rank": rank, "n": n, "itemsize": x.element_size(), "error": None,
                            "local_rank": getattr(__main__, "local_rank", rank), "routes": routes,
                            "error_line": "", "stuck": None, "bytes_sent": None}
-    with p2p_watchdog(wait_s):
+    with p2p_watchdog(wait_s) as watch:
         saved = {name: getattr(dist, name) for name in ("send", "isend")}
 
         def spying(name: str) -> Callable[..., Any]:
@@ -77,6 +77,7 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
         except P2PStuck as exc:
             out["stuck"] = exc.as_dict()
         except Exception as exc:
+            watch.clean = False  # its requests were left by the error, not forgotten
             out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             out["error_line"] = learner_line(exc)
         finally:

@@ -101,6 +101,15 @@ class P2PUnwaited(RuntimeError):
             "before you read or reuse its tensor.")
 
 
+class P2PWatch:
+    """What :func:`p2p_watchdog` yields: ``clean`` stays True while no wait failed. A caller
+    that catches a learner's error inside the block sets it False: requests left behind by a
+    failure are not the learner's forgotten ``wait()``."""
+
+    def __init__(self) -> None:
+        self.clean = True
+
+
 class _TimedWork:
     """A request from ``isend``/``irecv`` whose ``wait()`` gives up after the watchdog's limit."""
 
@@ -115,12 +124,12 @@ class _TimedWork:
 
 
 @contextlib.contextmanager
-def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
+def p2p_watchdog(seconds: float = 5.0) -> Iterator[P2PWatch]:
     """*Collective* (every rank enters it). Inside the block, ``dist.send``/``dist.recv`` and
     the ``wait()`` of requests from ``dist.isend``/``dist.irecv`` raise :class:`P2PStuck`
     after ``seconds`` instead of blocking until the process group's timeout, and a request
-    never waited for raises :class:`P2PUnwaited` when the block ends. Engine side;
-    introduced in ``01_collectives``.
+    never waited for raises :class:`P2PUnwaited` when the block ends cleanly (it yields a
+    :class:`P2PWatch`). Engine side; introduced in ``01_collectives``.
 
     The messages travel on a throwaway group of all ranks (made on entry, destroyed on exit):
     gloo closes a connection whose wait timed out, and the course's process group must not
@@ -136,6 +145,7 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
     limit = datetime.timedelta(seconds=seconds)
     scratch = dist.new_group(timeout=datetime.timedelta(seconds=max(seconds, 1.0) + 30))
     posted: dict[int, tuple[Any, str, int | None]] = {}  # message number -> not yet waited
+    watch = P2PWatch()
 
     def waiter(call: str, peer: int | None, tensor: Any, number: int
                ) -> Callable[[Any, Any], Any]:
@@ -144,6 +154,7 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
             try:
                 return work.wait(timeout=limit if timeout is None else timeout)
             except RuntimeError as exc:
+                watch.clean = False
                 # gloo: "Timed out waiting ...", or, once the peer's own wait timed out and
                 # closed the connection, "Application timeout caused pair closure".
                 text = str(exc).lower()
@@ -171,25 +182,24 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[None]:
         wait(work)
         return src
 
-    def isend(tensor: Any, dst: int | None = None, *args: Any, **kwargs: Any) -> Any:
-        work, wait = post("isend", tensor, dst, *args, **kwargs)
-        return _TimedWork(work, wait)
+    def posting(call: str, key: str) -> Callable[..., Any]:  # a request with a timed wait
+        def fn(tensor: Any, *args: Any, **kwargs: Any) -> Any:  # key: "dst" or "src"
+            peer = args[0] if args else kwargs.pop(key, None)
+            return _TimedWork(*post(call, tensor, peer, *args[1:], **kwargs))
+        return fn
 
-    def irecv(tensor: Any, src: int | None = None, *args: Any, **kwargs: Any) -> Any:
-        work, wait = post("irecv", tensor, src, *args, **kwargs)
-        return _TimedWork(work, wait)
-
-    for name, fn in (("send", send), ("recv", recv), ("isend", isend), ("irecv", irecv)):
+    for name, fn in (("send", send), ("recv", recv), ("isend", posting("isend", "dst")),
+                     ("irecv", posting("irecv", "src"))):
         setattr(dist, name, fn)
     unwaited: list[tuple[str, int | None, int]] = []
     failed = True  # until the block ends without an exception
     try:
-        yield
+        yield watch
         failed = False
     finally:
         for name, fn in saved.items():
             setattr(dist, name, fn)
-        if not failed:
+        if not failed and watch.clean:
             unwaited = _land_unwaited(posted, limit)
         _leave_together(scratch, seconds)
     if unwaited:
