@@ -1,5 +1,5 @@
 """This user's private runtime folder: where engines write their stack dumps and the fork
-server keeps its sockets (introduced with ``cu.start()`` in ``00_setup.ipynb``).
+server keeps its sockets (used from ``cu.start()`` in ``00_cluster_tour.ipynb`` on).
 
 On a shared host every name under ``/tmp`` can be taken first by another user: a file planted
 at a predictable path blocks a start, and a symlink planted there redirects a write. So the
@@ -16,9 +16,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-#: Where the private folder is made, in order: the session's runtime folder (systemd makes it
-#: per user, 0700), the temporary folder, and the home folder (a last resort: it may be on
-#: shared storage, which is slower, but no other user can take a name in it).
+#: The last place tried, under the home folder: it may be on shared storage (slower), but no
+#: other user can take a name in it.
 _HOME_FALLBACK = ".cache/dist-training-course/run"
 
 
@@ -54,7 +53,8 @@ def _make(path: Path) -> Path | None:
 
 
 def candidates() -> list[Path]:
-    """The places :func:`private_dir` tries, best first."""
+    """The places :func:`private_dir` tries, best first: the session's runtime folder (systemd
+    makes it per user, 0700), the temporary folder, then :data:`_HOME_FALLBACK`."""
     uid = os.getuid()
     out = []
     runtime = os.environ.get("XDG_RUNTIME_DIR")

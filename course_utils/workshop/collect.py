@@ -39,7 +39,8 @@ class Collected:
         return "\n".join(rows)
 
 
-#: A notebook larger than this is not collected (listed as skipped): it cannot be a lesson's.
+#: A notebook larger than this is not collected (it cannot be a lesson's; it would only fill
+#: the grader's disk).
 MAX_NOTEBOOK_BYTES = 50 * 2**20
 
 
