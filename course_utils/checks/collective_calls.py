@@ -10,8 +10,8 @@ from typing import Any
 from ..cluster.engines.engine import px_name
 
 COUNTED = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
-           "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor", "send", "recv",
-           "isend", "irecv")
+           "all_gather_single", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor",
+           "reduce_scatter_single", "send", "recv", "isend", "irecv")
 
 
 def engine_check_collectives(fn_name: str, *args: Any) -> dict[str, Any]:

@@ -173,8 +173,9 @@ def ring_problem(results: list[dict[str, Any]], fn_name: str = "ring_all_reduce"
                         "after all-gather every rank must hold every finished chunk.")
     return None
 
-_FORBIDDEN = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
-              "all_gather_into_tensor", "broadcast", "reduce", "all_to_all")
+_FORBIDDEN = ("all_reduce", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+              "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast",
+              "reduce", "all_to_all", "all_to_all_single")
 
 
 def engine_check_point_to_point_only(fn_name: str, n: int, seed: int = 0) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Engine-side probes behind the graded tests of ``10_sharding_and_memory``: the learner's
-ZeRO-1 optimizer (``ShardedAdam``) and hand-made FSDP (``HandFSDP``) against DDP + Adam on the
-same data, with the collectives spied on (calls, bytes, how long gathered weights live).
+ZeRO-1 optimizer (``ShardedOptimizer``) and hand-made FSDP (``HandFSDP``) against DDP and
+torch's optimizers on the same data, with the collectives spied on (calls, bytes, how long
+gathered weights live).
 
 The same probes run on a world of its own gloo processes
 (:func:`~course_utils.checks.spawn.spawn`, e.g. 4 ranks while the notebook's cluster has 2),
@@ -20,8 +21,20 @@ from .common import learner_line
 #: what a learner's error usually means here, by exception type
 HINTS = {"AttributeError": "a parameter with requires_grad=False has no .grad (None): keep only "
                            "trainable parameters",
+         "TypeError": "pass the optimizer's arguments on as you were given them: "
+                      "optimizer_cls([your shard], **kwargs)",
          "ValueError": "check the sizes: every rank's piece must have the same number of "
-                       "elements (pad the shard to chunk)"}
+                       "elements (pad the flat vector to chunk * world_size and each shard "
+                       "to chunk)"}
+
+
+def hint_for(e: BaseException) -> str:
+    """What ``e`` usually means in this unit's exercises (:data:`HINTS`); a collective's size
+    check (gloo's "Check failed: ... Shape", a RuntimeError) as a size error."""
+    name = type(e).__name__
+    if name == "RuntimeError" and ("Shape" in str(e) or "size" in str(e).lower()):
+        name = "ValueError"
+    return HINTS.get(name, "read the line named")
 
 
 def zero1_model(seed: int = 0) -> Any:
@@ -38,52 +51,75 @@ def zero1_model(seed: int = 0) -> Any:
     return m
 
 
-def engine_check_zero1(cls_name: str = "ShardedAdam", steps: int = 4,
-                       lr: float = 1e-2) -> dict[str, Any]:
-    """*Collective.* The learner's ``cls_name(params, lr=..., betas=..., eps=...)`` (not
-    Adam's defaults) under DDP against DDP + torch Adam with the same, on the same data:
-    max |w - w_ref|, the frozen bias untouched, the tied weight still one tensor, the bytes the
-    optimizer holds, and step times beside ``ZeroRedundancyOptimizer``.
+#: the optimizers the ZeRO-1 probe wraps, with arguments that are not their defaults (a sharded
+#: optimizer must pass them on): AdamW with weight decay, SGD with momentum
+ZERO1_CASES = (("AdamW", {"lr": 1e-2, "betas": (0.8, 0.95), "eps": 1e-3, "weight_decay": 0.1}),
+               ("SGD", {"lr": 5e-2, "momentum": 0.9, "weight_decay": 1e-2}))
+
+
+def engine_check_zero1(cls_name: str = "ShardedOptimizer", steps: int = 4) -> dict[str, Any]:
+    """*Collective.* The learner's ``cls_name(params, optimizer_cls, **kwargs)`` on a plain
+    model (no DDP: it does all the communication) against DDP + ``optimizer_cls`` on the same
+    data, for each of :data:`ZERO1_CASES`: max |w - w_ref|, the frozen bias untouched, the tied
+    weight still one tensor, the bytes the optimizer holds, the collectives and ring bytes of a
+    step (:class:`~course_utils.torch_dist.sharding.CollectiveCounter`), and step times beside
+    ``ZeroRedundancyOptimizer`` (AdamW).
 
     ``params`` is passed as the parameters of each layer in turn, so the tied weight appears
     twice (as when two modules' ``parameters()`` are concatenated)."""
+    import torch
+    import torch.distributed as dist
+
+    cls = px_name(cls_name)
+    out: dict[str, Any] = {"rank": dist.get_rank(), "p": dist.get_world_size(), "cases": {}}
+    data = sharding.batches(steps + 3, n_in=17, n_out=5, seed=1)
+    for name, kw in ZERO1_CASES:
+        try:
+            case = _zero1_case(cls, getattr(torch.optim, name), kw, data, steps)
+        except Exception as e:  # reported in the test's message, with the learner's line
+            return {**out, "error": f"{type(e).__name__}: {e} (with torch.optim.{name})",
+                    "line": learner_line(e), "hint": hint_for(e)}
+        out["cases"][name] = case
+    return out
+
+
+def _zero1_case(cls: Any, opt_cls: Any, kw: dict[str, Any], data: list[tuple[Any, Any]],
+                steps: int) -> dict[str, Any]:
+    """One optimizer's run of :func:`engine_check_zero1`."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    cls = px_name(cls_name)
-    data = sharding.batches(steps + 3, n_in=17, n_out=5, seed=1)
-    out: dict[str, Any] = {"rank": dist.get_rank(), "p": dist.get_world_size()}
     ref = zero1_model()
-    # not Adam's default betas and eps: a sharded Adam must pass its own on
-    kw = {"lr": lr, "betas": (0.8, 0.95), "eps": 1e-3}
-    ref_ddp, ref_opt = DDP(ref), torch.optim.Adam(ref.parameters(), **kw)
+    ref_ddp, ref_opt = DDP(ref), opt_cls(ref.parameters(), **kw)
     model = zero1_model()
-    ddp = DDP(model)
     frozen = model[0].bias.detach().clone()
-    try:
-        opt = cls([q for layer in model for q in layer.parameters()], **kw)
+    opt = cls([q for layer in model for q in layer.parameters()], opt_cls, **kw)
+    with sharding.CollectiveCounter() as spy:
         for x, y in data[:steps]:
-            for d, o in ((ref_ddp, ref_opt), (ddp, opt)):
-                o.zero_grad()
-                F.mse_loss(d(x), y).backward()
-                o.step()
-    except Exception as e:  # reported in the test's message, with the learner's line
-        return {**out, "error": f"{type(e).__name__}: {e}", "line": learner_line(e),
-                "hint": HINTS.get(type(e).__name__, "read the line named")}
+            ref_opt.zero_grad()
+            F.mse_loss(ref_ddp(x), y).backward()
+            ref_opt.step()
+            spy.reset()
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
     n = sum(q.numel() for q in ref.parameters() if q.requires_grad)
     diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(),
                                                            ref.parameters(), strict=True))
-    zero = ZeroRedundancyOptimizer(ref.parameters(), optimizer_class=torch.optim.Adam, **kw)
-    out.update(max_weight_diff=diff, n_params=n, adam_state_bytes=sharding.ADAM_B * n,
-               held_bytes=sharding.held_bytes(opt, model),
-               frozen_changed=float((model[0].bias - frozen).abs().max()),
-               tied=model[4].weight is model[2].weight,
-               step_s={"yours": _median_step(ddp, opt, data[steps:]),
-                       "ZeroRedundancyOptimizer": _median_step(ref_ddp, zero, data[steps:])})
-    return out
+    case = {"max_weight_diff": diff, "n_params": n, "calls": dict(spy.calls), "sent": spy.sent,
+            "ddp_sent": sharding.ddp_sent_bytes(n, dist.get_world_size()),
+            "ref_state_bytes": sharding.optimizer_state_bytes(ref_opt),
+            "held_bytes": sharding.held_bytes(opt, model),
+            "frozen_changed": float((model[0].bias - frozen).abs().max()),
+            "tied": model[4].weight is model[2].weight}
+    if opt_cls is torch.optim.AdamW:
+        zero = ZeroRedundancyOptimizer(ref.parameters(), optimizer_class=opt_cls, **kw)
+        case["step_s"] = {"yours": _median_step(model, opt, data[steps:]),
+                          "ZeroRedundancyOptimizer": _median_step(ref_ddp, zero, data[steps:])}
+    return case
 
 
 def _median_step(module: Any, opt: Any, data: list[tuple[Any, Any]]) -> float:
@@ -146,7 +182,7 @@ def engine_check_fsdp(cls_name: str = "HandFSDP", steps: int = 3, lr: float = 1e
             out_diff = float((ours(probe).float() - ref(probe)).abs().max())
     except Exception as e:
         return {**out, "error": f"{type(e).__name__}: {e}", "line": learner_line(e),
-                "hint": HINTS.get(type(e).__name__, "read the line named")}
+                "hint": hint_for(e)}
     out.update(steps=per_step, output_diff=out_diff,
                weight_diff=_gathered_diff(ours, ref, numels, p),
                params_bytes=sharding.tensor_bytes(ours.parameters()),
@@ -171,7 +207,7 @@ def _gathered_diff(ours: Any, ref: Any, numels: list[int], p: int) -> float | No
         if shard.numel() != chunk:
             return None
         full = torch.empty(chunk * p, dtype=shard.dtype)
-        dist.all_gather_into_tensor(full, shard.detach().contiguous())
+        dist.all_gather_single(full, shard.detach().contiguous())
         want = torch.cat([q.detach().reshape(-1) for q in layer.parameters()])
         worst = max(worst, float((full[:numel].float() - want).abs().max()))
     return worst

@@ -10,6 +10,7 @@ imported torch already (then the import costs nothing).
 
 from __future__ import annotations
 
+import linecache
 import os
 import pickle
 import signal
@@ -80,8 +81,11 @@ def run_rank(spec_path: str, spec: dict[str, Any], rank: int) -> int:
             dist.init_process_group("gloo", store=store, rank=rank,
                                     world_size=info["world_size"], timeout=wait)  # loopback
         (folder / f"joined-{rank}").touch()
-        for src in spec["sources"]:
-            exec(compile(src, "<your cell>", "exec"), ns)
+        for i, src in enumerate(spec["sources"]):
+            name = f"<your cell {i + 1}>"
+            # in linecache, so that a traceback (and learner_line) shows the line's text
+            linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+            exec(compile(src, name, "exec"), ns)
         mod, _, func = spec["probe"].rpartition(":")
         probe = getattr(importlib.import_module(mod) if mod else checks, func)
         result = probe(**spec["kwargs"])

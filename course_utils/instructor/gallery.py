@@ -184,7 +184,7 @@ def write_index(out: Path, items: list[Item], seconds: float) -> Path:
 UNIT1_CELLS = ("setup-px", "ex1-solution")
 #: Unit 2's: data, broadcast, the original loop (``spread_original``), the step and its driver.
 UNIT2_CELLS = ("data", "bcast", "original", "ex1-solution", "ex1-driver")
-#: Unit 10's: the engines' imports, shard_bounds, ShardedAdam (ZeRO-1) and HandFSDP.
+#: Unit 10's: the engines' imports, shard_bounds, ShardedOptimizer (ZeRO-1) and HandFSDP.
 UNIT10_CELLS = ("engine-imports", "ex1a-solution", "ex1-solution", "ex2-solution")
 #: The strategies of the memory figure, as unit 10 measures them.
 MEMORY_STRATEGIES = ("ddp", "zero1", "zero_torch", "fsdp_hand", "fsdp2")
@@ -386,7 +386,7 @@ def _memory_figure(gal: Gallery, cc: Any) -> None:
         return viz.memory_bars(rows, sharding.LABELS)
 
     gal.figure("memory_bars", TITLES["memory_bars"],
-               f"10's ShardedAdam and HandFSDP (the solution cells), ZeroRedundancyOptimizer "
+               f"10's ShardedOptimizer and HandFSDP (the solution cells), ZeroRedundancyOptimizer "
                f"and fully_shard: sharding.engine_memory, 10 Adam steps of a 4x64 MLP, gloo, "
                f"{p} ranks", memory)
     gal.figure("fsdp_lifecycle", TITLES["fsdp_lifecycle"], "fsdp_lifecycle.engine_fsdp_lifecycle"

@@ -34,15 +34,17 @@ def formula_bytes(n_params: int, p: int) -> dict[str, dict[str, float]]:
 
     DDP keeps everything on every rank, and by default its buckets are a second copy of the
     gradients (20 B per parameter; 16 with ``gradient_as_bucket_view=True``, where the gradients
-    are views of the buckets); ZeRO-1 under DDP shards the optimizer state; FSDP (ZeRO-3) shards
-    parameters, gradients and state and has no buckets (plus, while a layer runs, that one
-    layer's full weights: not counted).
+    are views of the buckets); ZeRO-1 shards the optimizer state (the learner's reduce-scatters
+    the gradients itself, no DDP and so no buckets; torch's ``ZeroRedundancyOptimizer`` runs
+    under DDP, buckets included); FSDP (ZeRO-3) shards parameters, gradients and state and has
+    no buckets (plus, while a layer runs, that one layer's full weights: not counted).
     """
     n = n_params
     ddp = {"params": PARAM_B * n, "grads": GRAD_B * n, "buckets": BUCKET_B * n}
     return {"DDP": {**ddp, "optimizer": ADAM_B * n},
             "DDP, bucket views": {**ddp, "buckets": 0, "optimizer": ADAM_B * n},
-            "ZeRO-1": {**ddp, "optimizer": ADAM_B * n / p},
+            "ZeRO-1": {**ddp, "buckets": 0, "optimizer": ADAM_B * n / p},
+            "ZeRO-1 under DDP": {**ddp, "optimizer": ADAM_B * n / p},
             "FSDP": {"params": PARAM_B * n / p, "grads": GRAD_B * n / p, "buckets": 0,
                      "optimizer": ADAM_B * n / p}}
 
@@ -144,11 +146,13 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
     """*Collective.* Train ``steps`` Adam steps with ``strategy`` and count this rank's bytes.
 
     ``"ddp"``; ``"ddp_view"`` (DDP with ``gradient_as_bucket_view=True``); ``"zero1"`` (the
-    learner's class ``cls_name``, default ``ShardedAdam``, under DDP); ``"zero_torch"``
-    (``ZeroRedundancyOptimizer`` under DDP); ``"fsdp_hand"`` (the learner's ``cls_name``,
-    default ``HandFSDP``); ``"fsdp2"`` (``fully_shard`` per Linear and the root). Under DDP the
-    bucket buffers are noted by a communication hook (:func:`watch_buckets`) and counted where
-    they are not the gradients themselves. With a GPU (NCCL) the model lives there and
+    learner's class ``cls_name``, default ``ShardedOptimizer``, wrapping Adam, no DDP);
+    ``"zero_torch"`` (``ZeroRedundancyOptimizer`` under DDP); ``"fsdp_hand"`` (the learner's
+    ``cls_name``, default ``HandFSDP``); ``"fsdp2"`` (``fully_shard`` per Linear and the root).
+    Under DDP the bucket buffers are noted by a communication hook (:func:`watch_buckets`) and
+    counted where they are not the gradients themselves. ``"sent"``: the ring bytes this rank
+    sends in one more, untimed, step (:class:`CollectiveCounter`; the hook's all_reduce of each
+    bucket is a Python call it sees). With a GPU (NCCL) the model lives there and
     ``torch.cuda.max_memory_allocated`` is returned.
     """
     import torch
@@ -163,15 +167,23 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
     buckets = watch_buckets(step_model) if hasattr(step_model, "reducer") else {}
     n_params = sum(p.numel() for p in mlp(width, depth).parameters())
     times = []
-    for x, y in batches(steps + 1):
-        t0 = time.perf_counter()
+
+    def step(x: Any, y: Any) -> None:
         opt.zero_grad()
         F.mse_loss(step_model(x.to(dev)), y.to(dev)).backward()
         opt.step()
+
+    *timed, last = batches(steps + 2)
+    for x, y in timed:
+        t0 = time.perf_counter()
+        step(x, y)
         times.append(time.perf_counter() - t0)
+    with CollectiveCounter() as spy:  # one more step, counted; untimed (the counter's gc costs)
+        step(*last)
     held = memory_of(model, opt_state(opt, model), buckets.values())
     out: dict[str, Any] = {"rank": dist.get_rank(), "strategy": strategy, "n_params": n_params,
-                           **held, "step_s": sorted(times[1:])[len(times[1:]) // 2]}
+                           **held, "sent": spy.sent,
+                           "step_s": sorted(times[1:])[len(times[1:]) // 2]}
     if dev.type == "cuda":
         out["cuda_max_allocated"] = int(torch.cuda.max_memory_allocated(dev))
     return out
@@ -239,9 +251,8 @@ def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[A
         ddp = DDP(model, gradient_as_bucket_view=strategy == "ddp_view")
         return model, torch.optim.Adam(model.parameters(), lr=lr), ddp
     if strategy == "zero1":
-        ddp = DDP(model)
-        cls = vars(__main__)[cls_name or "ShardedAdam"]
-        return model, cls(model.parameters(), lr=lr), ddp
+        cls = vars(__main__)[cls_name or "ShardedOptimizer"]
+        return model, cls(model.parameters(), torch.optim.Adam, lr=lr), model
     if strategy == "zero_torch":
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -268,16 +279,17 @@ def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[A
 def memory_table(rows: list[dict[str, Any]], p: int) -> str:
     """A text table of measured bytes per rank (rank 0's row per strategy) beside the formula."""
     names = {"ddp": "DDP", "ddp_view": "DDP, bucket views", "zero1": "ZeRO-1",
-             "zero_torch": "ZeRO-1", "fsdp_hand": "FSDP", "fsdp2": "FSDP"}
+             "zero_torch": "ZeRO-1 under DDP", "fsdp_hand": "FSDP", "fsdp2": "FSDP"}
     parts = ("params", "grads", "buckets", "optimizer")
-    lines = [f"{'strategy':<30}{'params':>9}{'grads':>9}{'buckets':>9}{'optimizer':>11}"
-             f"{'total':>9}  B/param   formula (params/grads/buckets/optimizer)"]
+    lines = [f"{'strategy':<34}{'params':>9}{'grads':>9}{'buckets':>9}{'optimizer':>11}"
+             f"{'total':>9}  B/param{'sent/step':>11}   formula (params/grads/buckets/optimizer)"]
     for r in rows:
         f = formula_bytes(r["n_params"], p)[names[r["strategy"]]]
         got = [r.get(k, 0) for k in parts]
-        lines.append(f"{LABELS.get(r['strategy'], r['strategy']):<30}{got[0]:>9,}{got[1]:>9,}"
+        sent = f"{r['sent']:>11,.0f}" if "sent" in r else f"{'':>11}"
+        lines.append(f"{LABELS.get(r['strategy'], r['strategy']):<34}{got[0]:>9,}{got[1]:>9,}"
                      f"{got[2]:>9,}{got[3]:>11,}{sum(got):>9,}{sum(got) / r['n_params']:>9.1f}"
-                     "   " + "/".join(f"{f[k]:,.0f}" for k in parts))
+                     f"{sent}   " + "/".join(f"{f[k]:,.0f}" for k in parts))
     return "\n".join(lines)
 
 
@@ -299,10 +311,15 @@ RING_SENT = {
     "all_gather": lambda outs, inp, p: (p - 1) * _nbytes(inp),
     "reduce_scatter": lambda out, inps, p: (p - 1) * _nbytes(out),
     "broadcast": lambda t, *_a: _nbytes(t),
+    # torch 2.13's names for the first two (those are now deprecated aliases of these)
     "all_gather_single": lambda out, inp, p: (p - 1) / p * _nbytes(out),
     "reduce_scatter_single": lambda out, inp, p: (p - 1) / p * _nbytes(inp),
 }
 
+
+#: torch 2.13's names of the collectives it renamed: a call by either name counts under the new
+CANONICAL = {"all_gather_into_tensor": "all_gather_single",
+             "reduce_scatter_tensor": "reduce_scatter_single"}
 
 #: the keyword names of the tensors of those collectives, output before input (torch's FSDP2
 #: passes ``output=``/``input=`` to ``reduce_scatter_single``)
@@ -315,14 +332,15 @@ def _nbytes(t: Any) -> int:
 
 
 class CollectiveCounter:
-    """Counts calls and ring bytes of the collectives in :data:`RING_SENT` while active, and
-    tracks how many bytes of ``all_gather_into_tensor`` outputs are alive at once (a weakref
-    finalizer per output: it runs when the tensor, its views and autograd's saved copies are
-    all gone). At :meth:`reset`, and before a gather that would raise the peak, the cycle
-    collector runs while some output is counted alive, so that an output only garbage in a
-    reference cycle still holds is not counted alive: without it the peak depended on when
-    Python's collector happened to run (a loaded machine once counted three layers alive
-    instead of two). Only then: one collection costs ~80 ms on a rank with torch loaded."""
+    """Counts calls (by :data:`CANONICAL` name) and ring bytes of the collectives in
+    :data:`RING_SENT` while active, and tracks how many bytes of all_gather outputs are alive
+    at once (a weakref finalizer per output: it runs when the tensor, its views and autograd's
+    saved copies are all gone). At :meth:`reset`, and before a gather that would raise the
+    peak, the cycle collector runs while some output is counted alive, so that an output only
+    garbage in a reference cycle still holds is not counted alive: without it the peak depended
+    on when Python's collector happened to run (three layers could count alive instead of
+    two). Only then: one collection costs ~80 ms on a rank with torch loaded, which is why no
+    timed step runs under it."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
@@ -348,11 +366,13 @@ class CollectiveCounter:
             setattr(dist, name, real)
 
     def _wrap(self, name: str, real: Any, cost: Any, p: int) -> Any:
+        key = CANONICAL.get(name, name)
+
         def spy(*args: Any, **kwargs: Any) -> Any:
             vals = list(args) + [kwargs[k] for k in TENSOR_ARGS if k in kwargs]
-            self.calls[name] = self.calls.get(name, 0) + 1
+            self.calls[key] = self.calls.get(key, 0) + 1
             self.sent += cost(vals[0], vals[1] if len(vals) > 1 else None, p)
-            if name in ("all_gather_into_tensor", "all_gather_single"):
+            if key == "all_gather_single":
                 n = _nbytes(vals[0])
                 if self.live and self.live + n > self.peak_live:
                     gc.collect()  # what only garbage holds is freed before it counts
@@ -373,8 +393,8 @@ class CollectiveCounter:
 
 #: How the tables and figures name each strategy.
 LABELS = {"ddp": "DDP + Adam", "ddp_view": "DDP, gradient_as_bucket_view",
-          "zero1": "ZeRO-1 (your ShardedAdam)",
-          "zero_torch": "ZeroRedundancyOptimizer", "fsdp_hand": "FSDP (your HandFSDP)",
+          "zero1": "ZeRO-1 (your ShardedOptimizer)",
+          "zero_torch": "ZeroRedundancyOptimizer + DDP", "fsdp_hand": "FSDP (your HandFSDP)",
           "fsdp2": "FSDP2 fully_shard"}
 
 

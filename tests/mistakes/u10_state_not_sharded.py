@@ -1,5 +1,5 @@
-"""Unit 10, exercise 1: every rank keeps Adam's state of all parameters (no sharding); the
-weights are right, the memory is DDP's."""
+"""Unit 10, exercise 1: every rank keeps the optimizer's state of all parameters (no
+sharding); the weights are right, the memory is DDP's."""
 
 NOTEBOOK = "10_sharding_and_memory.ipynb"
 GRADE_ID = "ex1-solution"
@@ -16,5 +16,5 @@ self.shard = flat[self.start:self.stop].clone().requires_grad_(True)""",
 self.shard = flat.clone().requires_grad_(True)"""),
 ]
 FAILS = "ex1-test"
-MESSAGE = "keep Adam's state for this rank's shard only"
+MESSAGE = "keep the optimizer's state for this rank's shard only"
 WITHIN_S = 30

@@ -277,11 +277,11 @@ def _collective(node: ast.Call) -> Iterator[tuple[str, str]]:
         yield "collective", f"{pre}reduce({', '.join([args[0], '0', *args[1:], *kws])})"
     elif name == "all_gather" and len(args) >= 2:
         yield "collective", f"[_o.copy_({args[1]}) for _o in {args[0]}]"
-    elif name == "all_gather_into_tensor" and len(args) >= 2:
+    elif name in ("all_gather_single", "all_gather_into_tensor") and len(args) >= 2:
         out, inp = args[:2]
         yield "collective", (f"{out}.copy_({inp}.reshape(1, -1).expand("
                              f"{out}.numel() // {inp}.numel(), -1).reshape({out}.shape))")
-    elif name == "reduce_scatter_tensor" and len(args) >= 2:
+    elif name in ("reduce_scatter_single", "reduce_scatter_tensor") and len(args) >= 2:
         out, inp = args[:2]
         yield "collective", (f"({pre}all_reduce({inp}), {out}.copy_({inp}.chunk("
                              f"{pre}get_world_size())[{rank}].reshape({out}.shape)))")
