@@ -82,7 +82,7 @@ def test_step_time_line_compares_the_slowest_ranks():
 
 
 @pytest.mark.timeout(400)
-def test_zero1_solution_passes_on_4_ranks_and_a_mistake_fails():
+def test_zero1_and_zero2_solutions_pass_on_4_ranks_and_a_mistake_fails():
     sources = [_cell("ex1a-solution"), _cell("ex1-solution")]
     res = spawn("engine_check_zero1", 4, timeout=300, sources=sources)
     assert [r["rank"] for r in res] == [0, 1, 2, 3]
@@ -94,6 +94,13 @@ def test_zero1_solution_passes_on_4_ranks_and_a_mistake_fails():
             # one reduce-scatter and one all_gather: DDP's bytes, padded to 4 * 450 elements
             assert c["calls"] == {"reduce_scatter_single": 1, "all_gather_single": 1}
             assert c["sent"] == 2 * 3 / 4 * 4 * 450 * 4 > c["ddp_sent"] == 2 * 3 / 4 * 1797 * 4
+    # ZeRO-2: the same numbers, and no full gradient left alive by backward
+    res = spawn("engine_check_zero1", 4, timeout=300, cls_name="ZeRO2Optimizer",
+                sources=[sources[0], _cell("ex1b-solution")])
+    for r in res:
+        for c in r["cases"].values():
+            assert c["max_weight_diff"] < 1e-6 and c["peak_grad_bytes"] == 0
+            assert c["calls"] == {"reduce_scatter_single": c["n_tensors"], "all_gather_single": 1}
     # the same cell without the de-duplication keeps a tied weight twice: too many bytes
     twice = sources[1].replace("id(prm) not in seen", "True")
     res = spawn("engine_check_zero1", 2, timeout=300, sources=[sources[0], twice])

@@ -68,7 +68,7 @@ UNITS = (
     Unit(8, "Hangs and faults", _one(PYTORCH, 120)),
     Unit(9, "Capstone", (Part(PYTORCH, (150, 150), "part A"),
                          Part(TENSORFLOW, (90, 90), "part B"))),
-    Unit(10, "Sharding and memory", _one(PYTORCH, 240, 270)),
+    Unit(10, "Sharding and memory", _one(PYTORCH, 270, 300)),
 )
 
 

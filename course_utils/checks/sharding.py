@@ -58,11 +58,14 @@ ZERO1_CASES = (("AdamW", {"lr": 1e-2, "betas": (0.8, 0.95), "eps": 1e-3, "weight
 
 
 def engine_check_zero1(cls_name: str = "ShardedOptimizer", steps: int = 4) -> dict[str, Any]:
-    """*Collective.* The learner's ``cls_name(params, optimizer_cls, **kwargs)`` on a plain
-    model (no DDP: it does all the communication) against DDP + ``optimizer_cls`` on the same
-    data, for each of :data:`ZERO1_CASES`: max |w - w_ref|, the frozen bias untouched, the tied
-    weight still one tensor, the bytes the optimizer holds, the collectives and ring bytes of a
-    step (:class:`~course_utils.torch_dist.sharding.CollectiveCounter`), and step times beside
+    """*Collective.* The learner's ``cls_name(params, optimizer_cls, **kwargs)`` (ZeRO-1's
+    ``ShardedOptimizer`` or ZeRO-2's ``ZeRO2Optimizer``) on a plain model (no DDP: it does all
+    the communication) against DDP + ``optimizer_cls`` on the same data (the last step
+    accumulates two micro-batches' gradients), for each of :data:`ZERO1_CASES`: max
+    |w - w_ref|, the frozen bias untouched, the tied weight still one tensor, the bytes the
+    optimizer holds, the most bytes of full gradients alive during backward, the collectives
+    and ring bytes of the first step
+    (:class:`~course_utils.torch_dist.sharding.CollectiveCounter`), and step times beside
     ``ZeroRedundancyOptimizer`` (AdamW).
 
     ``params`` is passed as the parameters of each layer in turn, so the tied weight appears
@@ -97,22 +100,32 @@ def _zero1_case(cls: Any, opt_cls: Any, kw: dict[str, Any], data: list[tuple[Any
     model = zero1_model()
     frozen = model[0].bias.detach().clone()
     opt = cls([q for layer in model for q in layer.parameters()], opt_cls, **kw)
+    peak = _watch_grad_peak(model)  # after the learner's own hooks, so it runs after them
+    first: dict[str, Any] = {}
     with sharding.CollectiveCounter() as spy:
-        for x, y in data[:steps]:
+        for i, (x, y) in enumerate(data[:steps]):
+            # the last step accumulates two micro-batches' gradients (as .grad does)
+            micro = list(zip(x.chunk(2), y.chunk(2), strict=True)) if i == steps - 1 else [
+                (x, y)]
             ref_opt.zero_grad()
-            F.mse_loss(ref_ddp(x), y).backward()
+            for xm, ym in micro:
+                F.mse_loss(ref_ddp(xm), ym).backward()
             ref_opt.step()
             spy.reset()
             opt.zero_grad()
-            F.mse_loss(model(x), y).backward()
+            for xm, ym in micro:
+                F.mse_loss(model(xm), ym).backward()
             opt.step()
+            first = first or {"calls": dict(spy.calls), "sent": spy.sent}
     n = sum(q.numel() for q in ref.parameters() if q.requires_grad)
     diff = max(float((a - b).abs().max()) for a, b in zip(model.parameters(),
                                                            ref.parameters(), strict=True))
-    case = {"max_weight_diff": diff, "n_params": n, "calls": dict(spy.calls), "sent": spy.sent,
+    case = {"max_weight_diff": diff, "n_params": n, **first,
             "ddp_sent": sharding.ddp_sent_bytes(n, dist.get_world_size()),
             "ref_state_bytes": sharding.optimizer_state_bytes(ref_opt),
-            "held_bytes": sharding.held_bytes(opt, model),
+            "held_bytes": sharding.held_bytes(opt, model), "peak_grad_bytes": peak["bytes"],
+            "largest_grad_bytes": 4 * max(q.numel() for q in model.parameters()),
+            "n_tensors": sum(1 for q in model.parameters() if q.requires_grad),
             "frozen_changed": float((model[0].bias - frozen).abs().max()),
             "tied": model[4].weight is model[2].weight}
     if opt_cls is torch.optim.AdamW:
@@ -120,6 +133,23 @@ def _zero1_case(cls: Any, opt_cls: Any, kw: dict[str, Any], data: list[tuple[Any
         case["step_s"] = {"yours": _median_step(model, opt, data[steps:]),
                           "ZeroRedundancyOptimizer": _median_step(ref_ddp, zero, data[steps:])}
     return case
+
+
+def _watch_grad_peak(model: Any) -> dict[str, int]:
+    """The most bytes of ``model``'s full ``.grad`` tensors alive at once during backward, as
+    seen after each parameter's gradient is accumulated (a hook registered after any of the
+    learner's, so it sees what those left): the whole model's under ZeRO-1 (every gradient
+    waits for step), at most one parameter's under ZeRO-2 (each freed once reduced)."""
+    params = list({id(q): q for q in model.parameters() if q.requires_grad}.values())
+    peak = {"bytes": 0}
+
+    def note(_param: Any) -> None:
+        alive = sharding.tensor_bytes(q.grad for q in params)
+        peak["bytes"] = max(peak["bytes"], alive)
+
+    for q in params:
+        q.register_post_accumulate_grad_hook(note)
+    return peak
 
 
 def _median_step(module: Any, opt: Any, data: list[tuple[Any, Any]]) -> float:

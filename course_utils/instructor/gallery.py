@@ -184,10 +184,12 @@ def write_index(out: Path, items: list[Item], seconds: float) -> Path:
 UNIT1_CELLS = ("setup-px", "ex1-solution")
 #: Unit 2's: data, broadcast, the original loop (``spread_original``), the step and its driver.
 UNIT2_CELLS = ("data", "bcast", "original", "ex1-solution", "ex1-driver")
-#: Unit 10's: the engines' imports, shard_bounds, ShardedOptimizer (ZeRO-1) and HandFSDP.
-UNIT10_CELLS = ("engine-imports", "ex1a-solution", "ex1-solution", "ex2-solution")
+#: Unit 10's: the engines' imports, shard_bounds, ShardedOptimizer (ZeRO-1), ZeRO2Optimizer
+#: and HandFSDP.
+UNIT10_CELLS = ("engine-imports", "ex1a-solution", "ex1-solution", "ex1b-solution",
+                "ex2-solution")
 #: The strategies of the memory figure, as unit 10 measures them.
-MEMORY_STRATEGIES = ("ddp", "zero1", "zero_torch", "fsdp_hand", "fsdp2")
+MEMORY_STRATEGIES = ("ddp", "zero1", "zero2", "zero_torch", "fsdp_hand", "fsdp2")
 
 #: The figures, in the order they are made (name, title).
 FIGURES = [
@@ -386,9 +388,9 @@ def _memory_figure(gal: Gallery, cc: Any) -> None:
         return viz.memory_bars(rows, sharding.LABELS)
 
     gal.figure("memory_bars", TITLES["memory_bars"],
-               f"10's ShardedOptimizer and HandFSDP (the solution cells), ZeroRedundancyOptimizer "
-               f"and fully_shard: sharding.engine_memory, 10 Adam steps of a 4x64 MLP, gloo, "
-               f"{p} ranks", memory)
+               f"10's ShardedOptimizer, ZeRO2Optimizer and HandFSDP (the solution cells), "
+               f"ZeroRedundancyOptimizer and fully_shard: sharding.engine_memory, 10 Adam steps "
+               f"of a 4x64 MLP, gloo, {p} ranks", memory)
     gal.figure("fsdp_lifecycle", TITLES["fsdp_lifecycle"], "fsdp_lifecycle.engine_fsdp_lifecycle"
                f": fully_shard on a 4x64 MLP, the second step's events, gloo, {p} ranks",
                lambda: viz.memory.fsdp_lifecycle(cc.run(engine_fsdp_lifecycle, timeout=120)))

@@ -36,8 +36,9 @@ def formula_bytes(n_params: int, p: int) -> dict[str, dict[str, float]]:
     gradients (20 B per parameter; 16 with ``gradient_as_bucket_view=True``, where the gradients
     are views of the buckets); ZeRO-1 shards the optimizer state (the learner's reduce-scatters
     the gradients itself, no DDP and so no buckets; torch's ``ZeroRedundancyOptimizer`` runs
-    under DDP, buckets included); FSDP (ZeRO-3) shards parameters, gradients and state and has
-    no buckets (plus, while a layer runs, that one layer's full weights: not counted).
+    under DDP, buckets included); ZeRO-2 also shards the gradients; FSDP (ZeRO-3) shards
+    parameters, gradients and state and has no buckets (plus, while a layer runs, that one
+    layer's full weights: not counted).
     """
     n = n_params
     ddp = {"params": PARAM_B * n, "grads": GRAD_B * n, "buckets": BUCKET_B * n}
@@ -45,6 +46,8 @@ def formula_bytes(n_params: int, p: int) -> dict[str, dict[str, float]]:
             "DDP, bucket views": {**ddp, "buckets": 0, "optimizer": ADAM_B * n},
             "ZeRO-1": {**ddp, "buckets": 0, "optimizer": ADAM_B * n / p},
             "ZeRO-1 under DDP": {**ddp, "optimizer": ADAM_B * n / p},
+            "ZeRO-2": {**ddp, "grads": GRAD_B * n / p, "buckets": 0,
+                       "optimizer": ADAM_B * n / p},
             "FSDP": {"params": PARAM_B * n / p, "grads": GRAD_B * n / p, "buckets": 0,
                      "optimizer": ADAM_B * n / p}}
 
@@ -147,6 +150,8 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
 
     ``"ddp"``; ``"ddp_view"`` (DDP with ``gradient_as_bucket_view=True``); ``"zero1"`` (the
     learner's class ``cls_name``, default ``ShardedOptimizer``, wrapping Adam, no DDP);
+    ``"zero2"`` (the same with ``ZeRO2Optimizer``, its gradient shard ``grad`` counted as
+    gradients);
     ``"zero_torch"`` (``ZeroRedundancyOptimizer`` under DDP); ``"fsdp_hand"`` (the learner's
     ``cls_name``, default ``HandFSDP``); ``"fsdp2"`` (``fully_shard`` per Linear and the root).
     Under DDP the bucket buffers are noted by a communication hook (:func:`watch_buckets`) and
@@ -181,6 +186,10 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
     with CollectiveCounter() as spy:  # one more step, counted; untimed (the counter's gc costs)
         step(*last)
     held = memory_of(model, opt_state(opt, model), buckets.values())
+    if strategy == "zero2":  # its gradient shard (``self.grad``) is gradients, not state
+        moved = tensor_bytes([opt.grad])
+        held["grads"] += moved
+        held["optimizer"] -= moved
     out: dict[str, Any] = {"rank": dist.get_rank(), "strategy": strategy, "n_params": n_params,
                            **held, "sent": spy.sent,
                            "step_s": sorted(times[1:])[len(times[1:]) // 2]}
@@ -250,8 +259,9 @@ def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[A
     if strategy in ("ddp", "ddp_view"):
         ddp = DDP(model, gradient_as_bucket_view=strategy == "ddp_view")
         return model, torch.optim.Adam(model.parameters(), lr=lr), ddp
-    if strategy == "zero1":
-        cls = vars(__main__)[cls_name or "ShardedOptimizer"]
+    if strategy in ("zero1", "zero2"):
+        default = "ShardedOptimizer" if strategy == "zero1" else "ZeRO2Optimizer"
+        cls = vars(__main__)[cls_name or default]
         return model, cls(model.parameters(), torch.optim.Adam, lr=lr), model
     if strategy == "zero_torch":
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -272,13 +282,13 @@ def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[A
                 fully_shard(layer)
         fully_shard(model)
         return model, torch.optim.Adam(model.parameters(), lr=lr), model
-    raise ValueError(f"unknown strategy {strategy!r}: use ddp, ddp_view, zero1, zero_torch, "
-                     "fsdp_hand, fsdp2")
+    raise ValueError(f"unknown strategy {strategy!r}: use ddp, ddp_view, zero1, zero2, "
+                     "zero_torch, fsdp_hand, fsdp2")
 
 
 def memory_table(rows: list[dict[str, Any]], p: int) -> str:
     """A text table of measured bytes per rank (rank 0's row per strategy) beside the formula."""
-    names = {"ddp": "DDP", "ddp_view": "DDP, bucket views", "zero1": "ZeRO-1",
+    names = {"ddp": "DDP", "ddp_view": "DDP, bucket views", "zero1": "ZeRO-1", "zero2": "ZeRO-2",
              "zero_torch": "ZeRO-1 under DDP", "fsdp_hand": "FSDP", "fsdp2": "FSDP"}
     parts = ("params", "grads", "buckets", "optimizer")
     lines = [f"{'strategy':<34}{'params':>9}{'grads':>9}{'buckets':>9}{'optimizer':>11}"
@@ -393,7 +403,7 @@ class CollectiveCounter:
 
 #: How the tables and figures name each strategy.
 LABELS = {"ddp": "DDP + Adam", "ddp_view": "DDP, gradient_as_bucket_view",
-          "zero1": "ZeRO-1 (your ShardedOptimizer)",
+          "zero1": "ZeRO-1 (your ShardedOptimizer)", "zero2": "ZeRO-2 (your ZeRO2Optimizer)",
           "zero_torch": "ZeroRedundancyOptimizer + DDP", "fsdp_hand": "FSDP (your HandFSDP)",
           "fsdp2": "FSDP2 fully_shard"}
 
