@@ -13,7 +13,7 @@ from course_utils.checks import function_problem, spawn
 from course_utils.errors import CourseError
 from course_utils.notebook_cells import nbgrader_meta
 from course_utils.procs import pids_running
-from course_utils.torch_dist import fsdp_lifecycle, sharding
+from course_utils.torch_dist import dcp_resume, fsdp_lifecycle, sharding
 from course_utils.viz import memory
 
 NB = NOTEBOOK_DIR / "10_sharding_and_memory.ipynb"
@@ -226,3 +226,31 @@ def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_views():
         for r in res:
             assert r["buckets"] == (r[buckets] if buckets else 0), r
             assert r["grads"] == r["params"] == 4 * r["n_params"]
+
+
+def test_global_batches_are_the_same_on_every_rank_and_any_range_alone():
+    import torch
+
+    whole = dcp_resume.global_batches(0, 4)
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(whole[2:], dcp_resume.global_batches(
+        2, 2), strict=True))
+    assert whole[0][0].shape == (dcp_resume.GLOBAL_BATCH, 16)
+    assert not torch.equal(whole[0][0], whole[1][0])
+
+
+@pytest.mark.timeout(400)
+def test_a_checkpoint_of_model_and_adam_saved_by_2_ranks_resumes_on_4(tmp_path):
+    path = str(tmp_path / "ckpt")
+    saved = spawn("course_utils.torch_dist.dcp_resume:engine_dcp_save", 2, sources=[],
+                  timeout=300, path=path)
+    assert saved[0]["weights_saved"] == saved[1]["weights_saved"]
+    resumed = spawn("course_utils.torch_dist.dcp_resume:engine_dcp_resume", 4, sources=[],
+                    timeout=300, path=path)
+    want = saved[0]
+    for r in resumed:
+        assert r["world_size"] == 4 and r["weights_loaded"] == want["weights_saved"]
+        after = max(abs(a - b) for a, b in zip(r["weights_after"], want["weights_after"],
+                                                 strict=True))
+        bare = max(abs(a - b) for a, b in zip(r["weights_after_fresh_adam"],
+                                                want["weights_after"], strict=True))
+        assert after < 1e-5 < 1e-3 < bare  # Adam's state is what the resume needed
