@@ -188,6 +188,21 @@ def test_course_workshop_writes_slurm_gres_profile_and_a_hub_config_that_loads(t
         capture_output=True, text=True, timeout=120, cwd=tmp_path, check=True)
     package, notebooks, there = json.loads(probe.stdout.strip().splitlines()[-1])
     assert package.startswith(str(env)) and notebooks.startswith(str(env)) and not there
+    # A learner's terminal on the hub finds `course`: the lab's server, as the hub starts it
+    # (its environment, no JUPYTER_CONFIG_PATH), runs terminals as no login shell, which would
+    # reset PATH from /etc/profile, so they keep Spawner.environment's PATH (env's bin first).
+    terminals = subprocess.run(
+        [str(env / "bin" / "python"), "-c",
+         "import json\nfrom jupyter_server.serverapp import ServerApp\n"
+         "app = ServerApp()\napp.load_config_file()\nprint(json.dumps(app.terminado_settings))"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=True,
+        env={k: v for k, v in os.environ.items() if not k.startswith("JUPYTER")})
+    shell = json.loads(terminals.stdout.strip().splitlines()[-1])["shell_command"]
+    assert len(shell) == 1 and "-l" not in shell, shell
+    found = subprocess.run([*shell, "-c", "command -v course"], capture_output=True, text=True,
+                           timeout=30, env={"PATH": c.Spawner.environment["PATH"],
+                                            "HOME": str(tmp_path)}, check=False)
+    assert found.stdout.strip() == str(env / "bin" / "course"), found
     assert not [p for p in env.rglob("*.ipynb")]  # no notebook at all, let alone a solution
     work = tmp_path / "work"
     (work / "00_cluster_tour.ipynb").parent.mkdir()
