@@ -34,7 +34,10 @@ def test_formulas():
     assert f["FSDP"]["params"] == 1000 and f["FSDP"]["buckets"] == 0
     assert sharding.padded_chunk(10, 4) == 3 and sharding.padded_chunk(8, 4) == 2
     # 195 elements on 2 ranks: padded to 196; 3 collectives of (p-1)/p of it, 4 bytes each
-    assert sharding.fsdp_sent_bytes([195], 2) == 3 * 0.5 * 196 * 4
+    assert sharding.fsdp_sent_bytes([[195]], 2) == 3 * 0.5 * 196 * 4
+    # a 5 x 16 weight on 4 ranks: its rows padded to 8; bf16 gathers, fp32 reduce-scatter
+    assert sharding.fsdp_sent_bytes([[5, 16]], 4) == 3 * 0.75 * 8 * 16 * 4
+    assert sharding.fsdp_sent_bytes([[5, 16]], 4, 2, 4) == 0.75 * 8 * 16 * (2 * 2 + 4)
     assert sharding.ddp_sent_bytes(1000, 4) == 2 * 3 / 4 * 4000
 
 
@@ -109,16 +112,18 @@ def test_zero1_and_zero2_solutions_pass_on_4_ranks_and_a_mistake_fails():
 
 
 @pytest.mark.timeout(400)
-def test_fsdp_solution_passes_on_4_ranks():
-    res = spawn("engine_check_fsdp", 4, timeout=300,
-                       sources=[_cell("ex2-solution")])
-    want = sharding.fsdp_sent_bytes(res[0]["layer_numels"], 4)
+def test_fsdp_solution_passes_on_4_ranks_on_every_kind_of_layer():
+    res = spawn("engine_check_fsdp", 4, timeout=300, sources=[_cell("ex2-solution")])
+    want = sharding.fsdp_sent_bytes(res[0]["param_shapes"], 4)
+    tensors = len(res[0]["param_shapes"])
+    assert tensors == 11  # Embedding, 2 LayerNorms and 3 Linears: weights and biases
     for r in res:
-        assert r["weight_diff"] is not None and r["weight_diff"] < 1e-5
+        assert r["names_ok"] and r["weight_diff"] < 1e-5 and r["output_diff"] < 1e-4
         for s in r["steps"]:
-            assert s["calls"] == {"all_gather_single": 12, "reduce_scatter_single": 6}
+            assert s["calls"] == {"all_gather_single": 2 * tensors,
+                                  "reduce_scatter_single": tensors}
             assert abs(s["sent"] - want) < 0.01 * want
-            assert s["peak_live"] <= 2 * r["layer_bytes"] < r["model_bytes"]
+            assert s["peak_live"] <= r["two_units_bytes"] < r["model_bytes"]
 
 
 @pytest.mark.timeout(200)

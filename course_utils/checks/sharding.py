@@ -28,13 +28,18 @@ HINTS = {"AttributeError": "a parameter with requires_grad=False has no .grad (N
                        "to chunk)"}
 
 
-def hint_for(e: BaseException) -> str:
-    """What ``e`` usually means in this unit's exercises (:data:`HINTS`); a collective's size
-    check (gloo's "Check failed: ... Shape", a RuntimeError) as a size error."""
+def hint_for(e: BaseException, hints: dict[str, str] = HINTS) -> str:
+    """What ``e`` usually means in an exercise (``hints``, default :data:`HINTS`); a size
+    mismatch (gloo's "Check failed: ... Shape", a RuntimeError) as a size error."""
     name = type(e).__name__
     if name == "RuntimeError" and ("Shape" in str(e) or "size" in str(e).lower()):
         name = "ValueError"
-    return HINTS.get(name, "read the line named")
+    return hints.get(name, "read the line named")
+
+
+#: exercise 2's: the sizes are a unit's rows
+FSDP_HINTS = {**HINTS, "ValueError": "check the sizes: cut each gathered parameter to its rows "
+                                     "(self.shapes[i]); pad each gradient to chunk·p rows"}
 
 
 def zero1_model(seed: int = 0) -> Any:
@@ -170,77 +175,82 @@ def _median_step(module: Any, opt: Any, data: list[tuple[Any, Any]]) -> float:
     return statistics.median(times)
 
 
+def block_model(seed: int = 0) -> Any:
+    """The FSDP probe's model, a transformer block's kinds of layer in a row: an Embedding of 40
+    tokens, LayerNorm, Linear 16->48, GELU, Linear 48->16, LayerNorm, Linear 16->5 (its weight's
+    5 rows: uneven shards on 2 and 4 ranks)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Embedding(40, 16), nn.LayerNorm(16), nn.Linear(16, 48), nn.GELU(),
+                         nn.Linear(48, 16), nn.LayerNorm(16), nn.Linear(16, 5))
+
+
+def token_batches(steps: int, batch: int = 16, seq: int = 6, seed: int = 2) -> list[Any]:
+    """``steps`` global batches (tokens, targets), the same on every rank."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 40, (batch, seq), generator=gen),
+             torch.randn(batch, seq, 5, generator=gen)) for _ in range(steps)]
+
+
 def engine_check_fsdp(cls_name: str = "HandFSDP", steps: int = 3, lr: float = 1e-2,
-                      width: int = 64, depth: int = 6,
-                      compute_dtype: str | None = None) -> dict[str, Any]:
-    """*Collective.* The learner's ``cls_name(model)`` (``compute_dtype="bfloat16"``: its
-    ``compute_dtype=`` argument) trained with Adam over its ``parameters()`` next to DDP + Adam:
-    the largest difference of the full weights (gathered from its ``shards``), of the outputs,
-    the gathers/reduce-scatters per step, the ring bytes sent per step against
-    :func:`sharding.fsdp_sent_bytes`, and the peak bytes of gathered weights alive at once."""
+                      compute_dtype: str | None = None,
+                      reduce_dtype: str | None = None) -> dict[str, Any]:
+    """*Collective.* The learner's ``cls_name(module, compute_dtype=..., reduce_dtype=...)``
+    (dtypes by name) on :func:`block_model`, trained with Adam over its ``parameters()`` on
+    this rank's rows of each global batch (``finish_gradient_sync()`` after backward), next to
+    the same model trained by one process on the whole batch (here, on every rank): the largest
+    difference of ``gather_full_params()`` from that model's parameters (by name), of the
+    outputs, the collectives and ring bytes of each step, and the peak bytes of gathered
+    weights alive at once."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     cls = px_name(cls_name)
     p, rank = dist.get_world_size(), dist.get_rank()
-    data = sharding.batches(steps + 3, n_out=3, seed=2)
-    ref = sharding.mlp(width, depth, n_out=3)
-    numels = [sum(q.numel() for q in m.parameters()) for m in ref if list(m.parameters())]
-    ref_ddp, ref_opt = DDP(ref), torch.optim.Adam(ref.parameters(), lr=lr)
-    out: dict[str, Any] = {"rank": rank, "p": p, "layer_numels": numels,
-                           "model_bytes": 4 * sum(numels), "layer_bytes": 4 * max(numels)}
+    data = token_batches(steps + 1)
+    ref = block_model()
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=lr)
+    units = [list(m.parameters(recurse=False)) for m in ref.modules()]
+    unit_bytes = sorted(4 * sum(q.numel() for q in u) for u in units if u)
+    out: dict[str, Any] = {"rank": rank, "p": p,
+                           "param_shapes": [list(q.shape) for q in ref.parameters()],
+                           "model_bytes": sum(unit_bytes), "two_units_bytes": sum(unit_bytes[-2:])}
+    kw = {k: getattr(torch, v) for k, v in (("compute_dtype", compute_dtype),
+                                            ("reduce_dtype", reduce_dtype)) if v}
     try:
-        kw = {"compute_dtype": getattr(torch, compute_dtype)} if compute_dtype else {}
-        ours = cls(sharding.mlp(width, depth, n_out=3), **kw)
+        ours = cls(block_model(), **kw)
         opt = torch.optim.Adam(ours.parameters(), lr=lr)
         per_step = []
         with sharding.CollectiveCounter() as spy:
             for x, y in data[:steps]:
                 ref_opt.zero_grad()
-                F.mse_loss(ref_ddp(x), y).backward()
+                F.mse_loss(ref(x), y).backward()
                 ref_opt.step()
                 spy.reset()
                 opt.zero_grad()
-                F.mse_loss(ours(x), y).backward()
+                F.mse_loss(ours(x.chunk(p)[rank]), y.chunk(p)[rank]).backward()
+                ours.finish_gradient_sync()
                 opt.step()
                 per_step.append({"calls": dict(spy.calls), "sent": spy.sent,
                                  "peak_live": spy.peak_live})
-        probe = sharding.batches(1, batch=64, seed=3)[0][0]
         with torch.no_grad():
-            out_diff = float((ours(probe).float() - ref(probe)).abs().max())
+            out_diff = float((ours(data[-1][0]).float() - ref(data[-1][0])).abs().max())
+        full = ours.gather_full_params()
     except Exception as e:
         return {**out, "error": f"{type(e).__name__}: {e}", "line": learner_line(e),
-                "hint": hint_for(e)}
-    out.update(steps=per_step, output_diff=out_diff,
-               weight_diff=_gathered_diff(ours, ref, numels, p),
-               params_bytes=sharding.tensor_bytes(ours.parameters()),
-               step_s={"yours": _median_step(ours, opt, data[steps:]),
-                       "DDP": _median_step(ref_ddp, ref_opt, data[steps:])})
+                "hint": hint_for(e, FSDP_HINTS)}
+    want = dict(ref.named_parameters())
+    out.update(steps=per_step, output_diff=out_diff, names_ok=set(full) == set(want),
+               weight_diff=max((float((full[k].float() - want[k]).abs().max())
+                                if k in full and full[k].shape == want[k].shape else math.inf)
+                               for k in want),
+               params_bytes=sharding.tensor_bytes(ours.parameters()))
     return out
-
-
-def _gathered_diff(ours: Any, ref: Any, numels: list[int], p: int) -> float | None:
-    """max |w - w_ref| over the full weights gathered from ``ours.shards`` (None: no shards of
-    the expected sizes, the layout the lesson asks for)."""
-    import torch
-    import torch.distributed as dist
-
-    shards = list(getattr(ours, "shards", []))
-    if len(shards) != len(numels):
-        return None
-    layers = [m for m in ref if list(m.parameters())]
-    worst = 0.0
-    for shard, numel, layer in zip(shards, numels, layers, strict=True):
-        chunk = math.ceil(numel / p)
-        if shard.numel() != chunk:
-            return None
-        full = torch.empty(chunk * p, dtype=shard.dtype)
-        dist.all_gather_single(full, shard.detach().contiguous())
-        want = torch.cat([q.detach().reshape(-1) for q in layer.parameters()])
-        worst = max(worst, float((full[:numel].float() - want).abs().max()))
-    return worst
 
 
 def engine_check_bounds(fn_name: str = "shard_bounds") -> dict[str, Any]:

@@ -36,7 +36,7 @@ from ..errors import CourseError
 #: What every rank's namespace holds before the learner's cells run (as a unit's set-up has it).
 BASE_IMPORTS = {"torch": "torch", "dist": "torch.distributed", "nn": "torch.nn",
                 "F": "torch.nn.functional", "math": "math", "datetime": "datetime",
-                "sharding": "course_utils.torch_dist.sharding"}
+                "functools": "functools", "sharding": "course_utils.torch_dist.sharding"}
 
 
 class RankFailed(CourseError):

@@ -52,10 +52,18 @@ def formula_bytes(n_params: int, p: int) -> dict[str, dict[str, float]]:
                      "optimizer": ADAM_B * n / p}}
 
 
-def fsdp_sent_bytes(layer_numels: Iterable[int], p: int, elem_bytes: int = 4) -> float:
-    """Bytes one rank sends per FSDP step over a ring: per layer an all_gather in forward, one in
-    backward, and a reduce_scatter of the gradient, each ``(p-1)/p`` of the padded layer."""
-    return sum(3 * (p - 1) / p * padded_chunk(n, p) * p * elem_bytes for n in layer_numels)
+def fsdp_sent_bytes(shapes: Iterable[Iterable[int]], p: int, gather_bytes: int = 4,
+                    reduce_bytes: int | None = None) -> float:
+    """Bytes one rank sends per FSDP step over a ring, each parameter (of these shapes) cut
+    along dim 0 and padded to ``ceil(rows/p)·p`` rows: an all_gather in forward and one in
+    backward (``gather_bytes`` an element), and a reduce_scatter of its gradient
+    (``reduce_bytes``, default ``gather_bytes``), each ``(p-1)/p`` of the padded tensor."""
+    total = 0.0
+    for shape in shapes:
+        rows, *rest = list(shape)
+        padded = padded_chunk(rows, p) * p * math.prod(rest)
+        total += (p - 1) / p * padded * (2 * gather_bytes + (reduce_bytes or gather_bytes))
+    return total
 
 
 def ddp_sent_bytes(n_params: int, p: int, elem_bytes: int = 4) -> float:
@@ -104,17 +112,19 @@ def memory_of(model: Any, opt_bytes: int, buckets: Iterable[Any] = ()) -> dict[s
             "optimizer": opt_bytes}
 
 
-def watch_buckets(ddp: Any) -> dict[int, Any]:
+def watch_buckets(ddp: Any, bf16: bool = False) -> dict[int, Any]:
     """The flat gradient buffers of ``ddp``'s buckets, filled in as its next backward reduces
     them: a communication hook that notes each bucket's buffer, then all-reduces it as DDP
-    would (``default_hooks.allreduce_hook``)."""
+    would (``default_hooks.allreduce_hook``; ``bf16``: ``bf16_compress_hook``, the bucket sent
+    as bf16)."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     seen: dict[int, Any] = {}
+    reduce = default_hooks.bf16_compress_hook if bf16 else default_hooks.allreduce_hook
 
     def note(state, bucket):  # no annotations: DDP checks them, and these are strings here
         seen[bucket.index()] = bucket.buffer()
-        return default_hooks.allreduce_hook(None, bucket)
+        return reduce(None, bucket)
 
     ddp.register_comm_hook(None, note)
     return seen
@@ -169,7 +179,8 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     model, opt, step_model = build(strategy, mlp(width, depth).to(dev), lr, cls_name)
-    buckets = watch_buckets(step_model) if hasattr(step_model, "reducer") else {}
+    buckets = watch_buckets(step_model, strategy.endswith(BF16)) if hasattr(
+        step_model, "reducer") else {}
     n_params = sum(p.numel() for p in mlp(width, depth).parameters())
     times = []
 
@@ -249,6 +260,11 @@ def _walk(obj: Any, depth: int, found: dict[int, int], skip: set[int], seen: set
         _walk(v, depth - 1, found, skip, seen)
 
 
+#: a strategy's name with this suffix: its bf16 variant (DDP: ``bf16_compress_hook``; FSDP,
+#: yours and FSDP2: bf16 compute and gathers, fp32 reductions)
+BF16 = "_bf16"
+
+
 def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[Any, Any, Any]:
     """(model whose tensors are counted, optimizer, module to call) for ``strategy``."""
     import torch
@@ -256,6 +272,8 @@ def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[A
 
     import __main__
 
+    half = strategy.endswith(BF16)
+    strategy = strategy.removesuffix(BF16)
     if strategy in ("ddp", "ddp_view"):
         ddp = DDP(model, gradient_as_bucket_view=strategy == "ddp_view")
         return model, torch.optim.Adam(model.parameters(), lr=lr), ddp
@@ -272,15 +290,17 @@ def build(strategy: str, model: Any, lr: float, cls_name: str | None) -> tuple[A
         return model, zero, ddp
     if strategy == "fsdp_hand":
         cls = vars(__main__)[cls_name or "HandFSDP"]
-        sharded = cls(model)
+        sharded = cls(model, **({"compute_dtype": torch.bfloat16,
+                                 "reduce_dtype": torch.float32} if half else {}))
         return sharded, torch.optim.Adam(sharded.parameters(), lr=lr), sharded
     if strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+        kw = {"mp_policy": MixedPrecisionPolicy(torch.bfloat16, torch.float32)} if half else {}
         for layer in model:
             if any(True for _ in layer.parameters()):
-                fully_shard(layer)
-        fully_shard(model)
+                fully_shard(layer, **kw)
+        fully_shard(model, **kw)
         return model, torch.optim.Adam(model.parameters(), lr=lr), model
     raise ValueError(f"unknown strategy {strategy!r}: use ddp, ddp_view, zero1, zero2, "
                      "zero_torch, fsdp_hand, fsdp2")
@@ -294,7 +314,7 @@ def memory_table(rows: list[dict[str, Any]], p: int) -> str:
     lines = [f"{'strategy':<34}{'params':>9}{'grads':>9}{'buckets':>9}{'optimizer':>11}"
              f"{'total':>9}  B/param{'sent/step':>11}   formula (params/grads/buckets/optimizer)"]
     for r in rows:
-        f = formula_bytes(r["n_params"], p)[names[r["strategy"]]]
+        f = formula_bytes(r["n_params"], p)[names[r["strategy"].removesuffix(BF16)]]
         got = [r.get(k, 0) for k in parts]
         sent = f"{r['sent']:>11,.0f}" if "sent" in r else f"{'':>11}"
         lines.append(f"{LABELS.get(r['strategy'], r['strategy']):<34}{got[0]:>9,}{got[1]:>9,}"
@@ -405,38 +425,50 @@ class CollectiveCounter:
 LABELS = {"ddp": "DDP + Adam", "ddp_view": "DDP, gradient_as_bucket_view",
           "zero1": "ZeRO-1 (your ShardedOptimizer)", "zero2": "ZeRO-2 (your ZeRO2Optimizer)",
           "zero_torch": "ZeroRedundancyOptimizer + DDP", "fsdp_hand": "FSDP (your HandFSDP)",
-          "fsdp2": "FSDP2 fully_shard"}
+          "fsdp2": "FSDP2 fully_shard", "ddp_bf16": "DDP, bf16_compress_hook",
+          "fsdp_hand_bf16": "your HandFSDP, bf16/fp32", "fsdp2_bf16": "FSDP2, bf16/fp32 policy"}
 
 
 def fsdp2_model(width: int = 64, depth: int = 4, seed: int = 0,
-                reshard_after_forward: bool = True) -> Any:
+                reshard_after_forward: bool = True, mixed: bool = False) -> Any:
     """:func:`mlp` with FSDP2's ``fully_shard`` on every Linear, then on the root (torch's docs
-    of ``fully_shard``: call it bottom-up; one all_gather per call's group of parameters)."""
+    of ``fully_shard``: call it bottom-up; one all_gather per call's group of parameters).
+    ``mixed``: ``MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)``."""
+    import torch
     from torch import nn
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    kw: dict[str, Any] = {"reshard_after_forward": reshard_after_forward}
+    if mixed:
+        kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                               reduce_dtype=torch.float32)
     model = mlp(width, depth, seed)
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, reshard_after_forward=reshard_after_forward)
+            fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     return model
 
 
-def engine_fsdp2_traffic(reshard_after_forward: bool, steps: int = 2) -> dict[str, Any]:
+def engine_fsdp2_traffic(reshard_after_forward: bool = True, steps: int = 2,
+                         mixed: bool = False, micro: int = 1) -> dict[str, Any]:
     """*Collective.* FSDP2 steps with the collectives counted (:class:`CollectiveCounter`):
-    all_gathers and reduce_scatters per step and the ring bytes sent, for one setting of
-    ``reshard_after_forward``."""
+    all_gathers and reduce_scatters of the last step and the ring bytes sent, for one setting
+    of ``reshard_after_forward`` and ``mixed`` (:func:`fsdp2_model`). ``micro`` > 1: each step
+    accumulates that many micro-batches' gradients, the gradient sync off
+    (``model.set_requires_gradient_sync(False)``) for all but the last."""
     import torch
     import torch.nn.functional as F
 
-    model = fsdp2_model(reshard_after_forward=reshard_after_forward)
+    model = fsdp2_model(reshard_after_forward=reshard_after_forward, mixed=mixed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     with CollectiveCounter() as spy:
-        for x, y in batches(steps):
+        for x, y in batches(steps, batch=16 * micro):
             spy.reset()
             opt.zero_grad()
-            F.mse_loss(model(x), y).backward()
+            for i, (xm, ym) in enumerate(zip(x.chunk(micro), y.chunk(micro), strict=True)):
+                model.set_requires_gradient_sync(i == micro - 1)
+                F.mse_loss(model(xm), ym).backward()
             opt.step()
-    return {"reshard_after_forward": reshard_after_forward, "calls": dict(spy.calls),
-            "sent": spy.sent}
+    return {"reshard_after_forward": reshard_after_forward, "mixed": mixed, "micro": micro,
+            "calls": dict(spy.calls), "sent": spy.sent}
