@@ -30,10 +30,13 @@ HINTS = {"AttributeError": "a parameter with requires_grad=False has no .grad (N
 
 def hint_for(e: BaseException, hints: dict[str, str] = HINTS) -> str:
     """What ``e`` usually means in an exercise (``hints``, default :data:`HINTS`); a size
-    mismatch (gloo's "Check failed: ... Shape", a RuntimeError) as a size error."""
+    mismatch (gloo's "Check failed: ... Shape", a RuntimeError) as a size error, a dtype
+    mismatch between a collective's tensors as such."""
     name = type(e).__name__
     if name == "RuntimeError" and ("Shape" in str(e) or "size" in str(e).lower()):
         name = "ValueError"
+    elif name == "RuntimeError" and "dtype" in str(e):
+        return "give each collective's output the dtype of its input"
     return hints.get(name, "read the line named")
 
 

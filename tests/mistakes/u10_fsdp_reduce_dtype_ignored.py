@@ -8,5 +8,5 @@ REPLACE = [  # (in the solution, becomes): the mistake as a change of working co
     ("dtype=self.reduce_dtype or grad.dtype)", "dtype=grad.dtype)"),
 ]
 FAILS = "ex2-test"
-MESSAGE = "self.reduce_dtype before the reduce-scatter"
+MESSAGE = "each gradient to self.reduce_dtype"
 WITHIN_S = 30
