@@ -13,6 +13,7 @@ score.
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import re
 import subprocess
@@ -26,6 +27,7 @@ import pytest
 from course_utils import procs
 from course_utils.assignments.nbgrader_setup import CourseExecute, RestoreDeletedTests
 from course_utils.assignments.release import read_nb, release
+from course_utils.instructor import grade_notebook
 from course_utils.instructor.autograde import GradingError, collect, find_course, grade
 from course_utils.instructor.grade_report import one_line_reason, tampering
 from course_utils.instructor.grading_cluster import RUN_MARK, kill_marked, marked_processes
@@ -563,3 +565,33 @@ def test_a_cluster_that_does_not_start_is_tried_once_more_on_a_fresh_id(monkeypa
         with pytest.raises(EnginesDidNotStart):
             gc.restart()  # the third and fourth starts fail
     assert len(asked) == 4 and RUN_MARK not in os.environ
+
+
+class _FlakyStart:
+    """An autograder whose first kernels never start (the port race) or whose notebook fails."""
+
+    starts: list[str] = []
+
+    def __init__(self, coursedir: object, config: object) -> None:
+        self.log = logging.getLogger(f"flaky-{len(self.starts)}")
+        self.force = self.create_student = False
+
+    def start(self) -> None:
+        outcome = self.plan[len(self.starts)]
+        self.starts.append(outcome)
+        if outcome == "port":
+            self.log.error("RuntimeError: Kernel died before replying to kernel_info")
+            raise RuntimeError("nbgrader.converters.base.NbGraderException: see above")
+        if outcome == "notebook":
+            raise RuntimeError("nbgrader.converters.base.NbGraderException: a cell failed")
+
+
+@pytest.mark.parametrize("plan, success, tries", [
+    (["port", "ok"], True, 2),          # the kernel lost its port once: graded on the retry
+    (["port", "port"], False, 2),       # twice: reported, not retried for ever
+    (["notebook", "ok"], False, 1),     # the notebook's own failure is not retried
+])
+def test_autograde_runs_once_more_only_when_the_kernel_never_started(plan, success, tries):
+    flaky = type("Flaky", (_FlakyStart,), {"plan": plan, "starts": []})
+    res = grade_notebook._autograde(flaky, object(), object())
+    assert res["success"] is success and len(flaky.starts) == tries

@@ -259,3 +259,16 @@ def test_a_checkpoint_of_model_and_adam_saved_by_2_ranks_resumes_on_4(tmp_path):
         bare = max(abs(a - b) for a, b in zip(r["weights_after_fresh_adam"],
                                                 want["weights_after"], strict=True))
         assert after < 1e-5 < 1e-3 < bare  # Adam's state is what the resume needed
+
+
+@pytest.mark.timeout(300)
+def test_bf16_variants_send_fewer_bytes_and_fsdp2_accumulates_with_one_reduce_scatter():
+    sharding_fn = "course_utils.torch_dist.sharding:"
+    full, half = (spawn(sharding_fn + "engine_memory", 2, sources=[], timeout=200,
+                        strategy=name)[0] for name in ("ddp", "ddp_bf16"))
+    assert half["sent"] == full["sent"] / 2  # bf16_compress_hook: 2 bytes an element
+    assert half["optimizer"] == full["optimizer"]  # the state held stays fp32
+    table = sharding.memory_table([full, half], 2)
+    assert "DDP, bf16_compress_hook" in table
+    acc = spawn(sharding_fn + "engine_fsdp2_traffic", 2, sources=[], timeout=200, micro=3)[0]
+    assert acc["calls"] == {"all_gather_single": 24, "reduce_scatter_single": 4}

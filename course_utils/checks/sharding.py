@@ -1,7 +1,7 @@
 """Engine-side probes behind the graded tests of ``10_sharding_and_memory``: the learner's
-ZeRO-1 optimizer (``ShardedOptimizer``) and hand-made FSDP (``HandFSDP``) against DDP and
-torch's optimizers on the same data, with the collectives spied on (calls, bytes, how long
-gathered weights live).
+ZeRO-1 and ZeRO-2 optimizers (``ShardedOptimizer``, ``ZeRO2Optimizer``) against DDP and torch's
+optimizers, and hand-made FSDP (``HandFSDP``) against one process on the whole batch, with the
+collectives spied on (calls, bytes, how long gathered weights live).
 
 The same probes run on a world of its own gloo processes
 (:func:`~course_utils.checks.spawn.spawn`, e.g. 4 ranks while the notebook's cluster has 2),

@@ -5,6 +5,7 @@ reason and tampering notes read back (``course grade``, serial or in jobs: :mod:
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import warnings
 from pathlib import Path
@@ -117,9 +118,8 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
 
     coursedir = CourseDirectory(config=cfg)
     coursedir.assignment_id, coursedir.student_id = aid, student
-    app = autograde_cls(coursedir=coursedir, config=cfg)
-    app.force, app.create_student = True, True
-    res = run_app(app) if submitted is not None else {"success": False}
+    res = _autograde(autograde_cls, coursedir, cfg) if submitted is not None else {
+        "success": False}
     if not res.get("success") and g.status != "error":
         g.status = "error"
         g.error = "nbgrader could not grade it: " + _last_line(res.get("error", ""))
@@ -169,6 +169,26 @@ def _grade_one(autograde_cls: type, cfg: object, root: Path, student: str, aid: 
         g.questions.append(Question(gid, score, pts, reason, note))
     g.score = sum(q.score for q in g.questions)
     return g
+
+
+#: nbgrader's (jupyter_client's) words for a kernel that never started: its port taken by
+#: another process between jupyter_client choosing it and the kernel binding it
+KERNEL_NEVER_STARTED = re.compile(r"Kernel died before replying|Kernel didn't respond|"
+                                  r"DeadKernelError|Address already in use")
+
+
+def _autograde(autograde_cls: type, coursedir: object, cfg: object) -> dict:
+    """nbgrader's autograde of one submission (:func:`run_app`); once more when its kernel
+    never started, which says nothing about the notebook."""
+    res: dict = {}
+    for _ in range(2):
+        app = autograde_cls(coursedir=coursedir, config=cfg)
+        app.force, app.create_student = True, True
+        res = run_app(app)
+        if res.get("success") or not KERNEL_NEVER_STARTED.search(
+                f"{res.get('log', '')}\n{res.get('error', '')}"):
+            break
+    return res
 
 
 def _sandbox_notes(cfg: object, folder: Path) -> list[str]:

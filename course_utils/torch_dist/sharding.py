@@ -163,7 +163,8 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
     ``"zero2"`` (the same with ``ZeRO2Optimizer``, its gradient shard ``grad`` counted as
     gradients);
     ``"zero_torch"`` (``ZeroRedundancyOptimizer`` under DDP); ``"fsdp_hand"`` (the learner's
-    ``cls_name``, default ``HandFSDP``); ``"fsdp2"`` (``fully_shard`` per Linear and the root).
+    ``cls_name``, default ``HandFSDP``); ``"fsdp2"`` (``fully_shard`` per Linear and the root);
+    ``"ddp_bf16"``, ``"fsdp_hand_bf16"``, ``"fsdp2_bf16"`` (their bf16 variants, :data:`BF16`).
     Under DDP the bucket buffers are noted by a communication hook (:func:`watch_buckets`) and
     counted where they are not the gradients themselves. ``"sent"``: the ring bytes this rank
     sends in one more, untimed, step (:class:`CollectiveCounter`; the hook's all_reduce of each
