@@ -605,7 +605,10 @@ def run_all_cells(driver: WebDriver, *, lab: LabServer | None = None, path: str 
     if via not in ("menu", "palette"):
         raise ValueError(f"via must be 'menu' or 'palette', not {via!r}")
     before = _prompts(driver)
-    started = lambda d: kernel_status(d) == "busy" or _prompts(d) != before  # noqa: E731
+
+    def started(d: WebDriver) -> bool:
+        return kernel_status(d) == "busy" or _prompts(d) != before
+
     for attempt in range(2):  # a click on a page still settling, on a loaded machine, is lost
         (_click_run_all_menu if via == "menu" else _palette_run_all)(driver, 10)
         try:
