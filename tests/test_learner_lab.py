@@ -454,8 +454,8 @@ def test_the_readme_table_and_routes_are_the_syllabus():
     block = text[start:end]
     assert block == syllabus.readme_block(syllabus.readme_descriptions(block)), (
         "README's units table is out of date: python -m course_utils.assignments.syllabus")
-    assert "units 0-3, 6-8, 9 (part A), 10" in block and "units 4-5, 9 (part B)" in block
-    assert syllabus.route_minutes(syllabus.PYTORCH) == (1335, 1455)
+    assert "units 0-3, 6-8, 9 (part A), 10-11" in block and "units 4-5, 9 (part B)" in block
+    assert syllabus.route_minutes(syllabus.PYTORCH) == (1545, 1695)
     assert syllabus.span((90, 90)) == "90 min" and syllabus.span((210, 240)) == "3.5-4 h"
 
 

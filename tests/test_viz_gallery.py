@@ -17,6 +17,7 @@ from course_utils.instructor.gallery import (
     UNIT2_CELLS,
     UNIT4_CELLS,
     UNIT10_CELLS,
+    UNIT11_CELLS,
     px_code,
 )
 
@@ -27,7 +28,8 @@ def test_px_code_takes_cells_by_their_ids_in_the_order_given():
     assert "%%px" not in code and code.index("def train(") < code.index("def build_graph(")
     for nb, ids in (("01_collectives", UNIT1_CELLS), ("02_data_parallel_from_scratch", UNIT2_CELLS),
                     ("04_tf_classic_ps", UNIT4_CELLS),
-                    ("10_sharding_and_memory", UNIT10_CELLS)):
+                    ("10_sharding_and_memory", UNIT10_CELLS),
+                    ("11_tensor_and_pipeline", UNIT11_CELLS)):
         compile(px_code(NOTEBOOKS / f"{nb}.ipynb", ids), nb, "exec")  # every id is there
     with pytest.raises(LookupError, match="no_such_cell"):
         px_code(nb04, ["ex2-solution", "no_such_cell"])

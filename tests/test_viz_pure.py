@@ -233,7 +233,8 @@ def test_show_displays_once_and_closes(monkeypatch):
     monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
     fig = viz.cheatsheet.collectives_cheatsheet(
         [{"rank": r, "trace": {"all_reduce": ([float(r + 1)], [3.0])}} for r in range(2)])
-    assert viz.show(fig) is fig and shown == [fig]
+    assert viz.show(fig) is None and shown == [fig], "nothing returned: a cell's last line " \
+        "would draw a returned figure again"
     assert not plt.fignum_exists(fig.number), "a shown figure is closed (no second drawing)"
     ring.show(ring.replay_frames(simulate_ring(2, 4)))
     assert "<script" in shown[1].data and shown[1].data.count("data:image/png") >= 3

@@ -1,6 +1,6 @@
 """The course's two routes and each unit's time: the one place they are written.
 
-A learner who knows PyTorch takes the **PyTorch route** (units 0-3, 6-10 and the capstone's
+A learner who knows PyTorch takes the **PyTorch route** (units 0-3, 6-11 and the capstone's
 part A); the **TensorFlow route** (units 4, 5 and the capstone's part B) starts from units 0-3
 and teaches TensorFlow's parameter servers. The times are a newcomer's (Python and single-GPU
 PyTorch, no TensorFlow, solutions hidden), from the course's review of every unit; each
@@ -69,6 +69,7 @@ UNITS = (
     Unit(9, "Capstone", (Part(PYTORCH, (150, 150), "part A"),
                          Part(TENSORFLOW, (90, 90), "part B"))),
     Unit(10, "Sharding and memory", _one(PYTORCH, 270, 300)),
+    Unit(11, "Tensor and pipeline parallelism", _one(PYTORCH, 210, 240)),
 )
 
 

@@ -188,6 +188,8 @@ UNIT2_CELLS = ("data", "bcast", "original", "ex1-solution", "ex1-driver")
 #: and HandFSDP.
 UNIT10_CELLS = ("engine-imports", "ex1a-solution", "ex1-solution", "ex1b-solution",
                 "ex2-solution")
+#: Unit 11's: the engines' imports and the two pipeline schedules (GPipe, 1F1B).
+UNIT11_CELLS = ("engine-imports", "ex2-solution", "ex2b-solution")
 #: The strategies of the memory figure, as unit 10 measures them.
 MEMORY_STRATEGIES = ("ddp", "zero1", "zero2", "zero_torch", "fsdp_hand", "fsdp2")
 
@@ -205,6 +207,7 @@ FIGURES = [
     ("replica_divergence", "Replica divergence: original program vs fixed (unit 2)"),
     ("memory_bars", "Bytes per rank: DDP, ZeRO-1, FSDP by hand and torch's (unit 10)"),
     ("fsdp_lifecycle", "FSDP, event by event: gather, compute, free, reduce-scatter (unit 10)"),
+    ("pipeline_schedule", "Pipeline schedules, GPipe and 1F1B, timed on every rank (unit 11)"),
     ("ps_traffic", "Parameter-server traffic per worker and shard (unit 4)"),
     ("ps_staleness", "Staleness, async vs sync (unit 4)"),
     ("ps_step_timeline", "Step timeline per worker, async vs sync (unit 4)"),
@@ -363,6 +366,7 @@ def _torch_part(gal: Gallery, tf: bool) -> None:
                    divergence)
 
         _memory_figure(gal, cc)
+        _pipeline_figure(gal)
     finally:
         cc.stop(force=True)
 
@@ -394,6 +398,25 @@ def _memory_figure(gal: Gallery, cc: Any) -> None:
     gal.figure("fsdp_lifecycle", TITLES["fsdp_lifecycle"], "fsdp_lifecycle.engine_fsdp_lifecycle"
                f": fully_shard on a 4x64 MLP, the second step's events, gloo, {p} ranks",
                lambda: viz.memory.fsdp_lifecycle(cc.run(engine_fsdp_lifecycle, timeout=120)))
+
+
+def _pipeline_figure(gal: Gallery) -> None:
+    """Unit 11's two schedules (the solution cells) on 4 processes of their own, as its tests
+    run them: one stage each, 8 microbatches of 128 rows, width 512."""
+    from .. import viz
+    from ..checks import spawn
+    from ..torch_dist.parallelism import bubble_formula
+
+    def schedules() -> Any:
+        code = px_code(NOTEBOOKS / "11_tensor_and_pipeline.ipynb", UNIT11_CELLS)
+        runs = {name: spawn("engine_check_pipeline", 4, fn_name=fn, m=8, rows=128, width=512,
+                            sources=[code], timeout=120, collective_timeout=30)
+                for name, fn in (("GPipe", "gpipe_step"), ("1F1B", "one_f_one_b_step"))}
+        return viz.pipeline_schedule(runs, formula={k: bubble_formula(4, 8) for k in runs})
+
+    gal.figure("pipeline_schedule", TITLES["pipeline_schedule"],
+               "11's gpipe_step and one_f_one_b_step (the solution cells): "
+               "checks.engine_check_pipeline on 4 processes of their own, gloo", schedules)
 
 
 def _tf_part(gal: Gallery, cc: Any) -> None:

@@ -362,6 +362,13 @@ def _nbytes(t: Any) -> int:
     return t.numel() * t.element_size()
 
 
+def _group_size(group: Any) -> int:
+    """Ranks in ``group`` (a 2-D mesh's dimension is a group smaller than the world)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size(group)
+
+
 class CollectiveCounter:
     """Counts calls (by :data:`CANONICAL` name) and ring bytes of the collectives in
     :data:`RING_SENT` while active, and tracks how many bytes of all_gather outputs are alive
@@ -402,7 +409,8 @@ class CollectiveCounter:
         def spy(*args: Any, **kwargs: Any) -> Any:
             vals = list(args) + [kwargs[k] for k in TENSOR_ARGS if k in kwargs]
             self.calls[key] = self.calls.get(key, 0) + 1
-            self.sent += cost(vals[0], vals[1] if len(vals) > 1 else None, p)
+            size = p if kwargs.get("group") is None else _group_size(kwargs["group"])
+            self.sent += cost(vals[0], vals[1] if len(vals) > 1 else None, size)
             if key == "all_gather_single":
                 n = _nbytes(vals[0])
                 if self.live and self.live + n > self.peak_live:

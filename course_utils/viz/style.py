@@ -97,9 +97,10 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover
 
 
-def show(fig: Any) -> Any:
+def show(fig: Any) -> None:
     """Display a course figure in the notebook once and release it from pyplot (so the inline
-    backend does not draw it a second time); returns the figure. Notebooks call
+    backend does not draw it a second time). Returns nothing: a figure returned by a cell's last
+    line would be drawn again as the cell's result. Notebooks call
     ``viz.show(viz.some_figure(...))``: one line per figure (from ``01_collectives`` on)."""
     from IPython.display import display
 
@@ -107,4 +108,3 @@ def show(fig: Any) -> Any:
         display(fig)
     finally:
         pyplot().close(fig)
-    return fig

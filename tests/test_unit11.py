@@ -1,0 +1,141 @@
+"""Unit 11's helpers without a cluster: the formulas, the timed stage, the schedule figure, the
+comparison table, and the graded probes on worlds of their own gloo processes
+(``checks.spawn``) with the notebook's own solution cells, and with planted mistakes, which
+must fail as the text says."""
+
+from __future__ import annotations
+
+import pytest
+
+from course_utils.assignments.lessons import NOTEBOOK_DIR, read
+from course_utils.checks import spawn
+from course_utils.notebook_cells import nbgrader_meta
+from course_utils.torch_dist import parallelism as par
+from course_utils.torch_dist import strategies
+from course_utils.viz import pipeline
+
+NB = NOTEBOOK_DIR / "11_tensor_and_pipeline.ipynb"
+
+
+def _cell(grade_id: str) -> str:
+    cell = next(c for c in read(NB).cells if nbgrader_meta(c).get("grade_id") == grade_id)
+    return "\n".join(ln for ln in cell.source.splitlines() if not ln.startswith("%%"))
+
+
+def _sources(*grade_ids: str) -> list[str]:
+    return [_cell("engine-imports"), *(_cell(g) for g in grade_ids)]
+
+
+def test_formulas():
+    assert par.bubble_formula(4, 8) == 3 / 11 and par.bubble_formula(1, 3) == 0
+    # two all_reduces of (8, 16) fp32 activations on 4 ranks, 2·3/4 of 512 B each
+    assert par.tp_sent_bytes(8, 16, 4) == 2 * 1.5 * 512
+    assert par.pp_sent_bytes(4, 8, 16) == 2 * 4 * 512
+    block = par.mlp_block()
+    assert [type(m).__name__ for m in block] == ["Linear", "GELU", "Linear"]
+    assert sum(q.numel() for q in strategies.model().parameters()) == 4 * 2128
+
+
+def _events(spans):
+    return [(k, i, a, b) for k, i, a, b in spans]
+
+
+def test_bubble_measured_is_the_idle_share_of_all_ranks():
+    # rank 0 busy 0-1 and 3-4, rank 1 busy 1-3: span 4 on 2 ranks, busy 4 of 8
+    lanes = [_events([("F", 0, 0.0, 1.0), ("B", 0, 3.0, 4.0)]),
+             _events([("F", 0, 1.0, 2.0), ("B", 0, 2.0, 3.0)])]
+    assert par.bubble_measured(lanes) == 0.5
+
+
+def test_timed_stage_records_each_microbatch_and_the_activations_alive():
+    import torch
+
+    from course_utils.torch_dist.pipeline_stage import TimedStage
+
+    stage = TimedStage(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()))
+    ys = [stage(torch.randn(2, 4)) for _ in range(3)]
+    assert stage.most_in_flight() == 3 and stage.live == stage.peak_live > 0
+    for y in ys:
+        y.sum().backward()
+    assert [e[:2] for e in stage.events] == [("F", 0), ("F", 1), ("F", 2),
+                                             ("B", 0), ("B", 1), ("B", 2)]
+    assert stage.live == 0 and all(e[2] <= e[3] for e in stage.events)
+    with torch.no_grad():  # a look at shapes, as torch's PipelineStage may take: not a step
+        stage(torch.randn(2, 4))
+    assert len(stage.events) == 6
+
+
+def test_pipeline_figure_draws_a_lane_per_rank_and_says_the_idle_share():
+    res = [{"events": [("F", 0, 0.0, 0.001), ("B", 0, 0.003, 0.004)]},
+           {"events": [("F", 0, 0.001, 0.002), ("B", 0, 0.002, 0.003)]}]
+    fig = pipeline.pipeline_schedule({"GPipe": res, "1F1B": res}, formula={"GPipe": 0.25})
+    axes = fig.axes
+    assert len(axes) == 2 and [t.get_text() for t in axes[0].get_yticklabels()] == [
+        "rank 0", "rank 1"]
+    assert "idle 50%" in axes[0].get_title() and "25%" in axes[0].get_title()
+    assert "25%" not in axes[1].get_title()
+
+
+def test_comparison_table_takes_the_most_any_rank_holds_and_sends():
+    rows = [{"strategy": s, "rank": r, "weights": 100 * (r + 1), "grads": 0, "adam": 0,
+             "sent": 10.0 * r, "calls": {"all_reduce": 1}}
+            for s in strategies.ORDER for r in range(2)]
+    text = strategies.table(rows, n_params=25)
+    assert text.count("\n") == len(strategies.ORDER)
+    assert "200 B" in text and "50%" in text and "all_reduce ×1" in text
+
+
+@pytest.mark.timeout(200)
+def test_tensor_parallel_solutions_pass_and_the_swapped_conjugates_fail():
+    good = _sources("ex1a-solution", "ex1-solution")
+    res = spawn("engine_check_tp", 2, timeout=120, sources=good)
+    for r in res:
+        assert r["out_diff"] < 1e-5 and r["x_grad_diff"] < 1e-5, r
+        assert max(r["grad_diff"].values()) < 1e-5 and r["shapes"] == r["want_shapes"]
+        assert (r["forward_calls"], r["backward_calls"]) == ({"all_reduce": 1},) * 2
+        assert r["sent"] == par.tp_sent_bytes(8, par.D_MODEL, 2)
+    conj = spawn("engine_check_conjugates", 3, timeout=120, sources=good)
+    for r in conj:
+        for name in ("CopyToTP", "ReduceFromTP"):
+            assert r[name]["y_diff"] == r[name]["grad_diff"] == r[name]["input_changed"] == 0
+    swapped = [s.replace("CopyToTP.apply(x)", "ReduceFromTP.apply(x)") for s in good]
+    bad = spawn("engine_check_tp", 2, timeout=120, sources=swapped)
+    assert bad[0]["out_diff"] > 1e-3 and bad[0]["forward_calls"] == {"all_reduce": 2}
+
+
+@pytest.mark.timeout(200)
+def test_pipeline_schedules_pass_count_each_send_once_and_blocking_1f1b_is_named():
+    sources = _sources("ex2-solution", "ex2b-solution")
+    kw = {"m": 3, "rows": 4, "width": 16, "timeout": 120, "collective_timeout": 10}
+    gpipe = spawn("engine_check_pipeline", 2, fn_name="gpipe_step", sources=sources, **kw)
+    assert [r["calls"] for r in gpipe] == [{"send": 3}] * 2  # send calls isend: counted once
+    assert [r["in_flight"] for r in gpipe] == [3, 3] and gpipe[1]["loss"] is not None
+    ofob = spawn("engine_check_pipeline", 2, fn_name="one_f_one_b_step", sources=sources, **kw)
+    assert [r["in_flight"] for r in ofob] == [2, 1] and all(r["grad_diff"] < 1e-6 for r in ofob)
+    assert [r["tensor_sends"] for r in ofob] == [3, 3]
+    # batch_isend_irecv's P2POp looks isend up in distributed_c10d: the spy is there too
+    batched = [s.replace("dist.send(y.detach(), rank + 1)", "dist.batch_isend_irecv("
+                         "[dist.P2POp(dist.isend, y.detach(), rank + 1)])[0].wait()")
+               for s in sources]
+    res = spawn("engine_check_pipeline", 2, fn_name="gpipe_step", sources=batched, **kw)
+    assert res[0]["calls"] == {"isend": 3} and res[0]["grad_diff"] < 1e-6
+    blocking = [s.replace("sends.append(dist.isend(y.detach(), rank + 1))",
+                          "dist.send(y.detach(), rank + 1)")
+                .replace("sends.append(dist.isend(x.grad, rank - 1))",
+                         "dist.send(x.grad, rank - 1)") for s in sources]
+    stuck = spawn("engine_check_pipeline", 2, fn_name="one_f_one_b_step", sources=blocking,
+                  **{**kw, "collective_timeout": 3})
+    assert "Timed out" in stuck[0]["error"] and "dist.isend" in stuck[0]["hint"]
+
+
+@pytest.mark.timeout(240)
+def test_torchs_own_on_a_2_by_2_mesh_and_its_1f1b_match_one_process():
+    sources = _sources("ex3-solution", "ex3b-solution")
+    two_d = spawn("engine_check_torch_2d", 4, timeout=150, sources=sources)
+    for r in two_d:
+        assert r["out_diff"] < 1e-5 and r["weight_diff"] < 1e-5 and not r["missing"], r
+        assert all(d == ["dp", "tp"] for d in r["mesh_dims"].values())
+    res = spawn("engine_check_pipeline", 4, fn_name="torch_1f1b", m=4, rows=4, width=16,
+                timeout=150, collective_timeout=20, sources=sources)
+    assert [r["in_flight"] for r in res] == [4, 3, 2, 1]
+    assert all(r["grad_diff"] < 1e-6 for r in res) and res[-1]["loss"] is not None
