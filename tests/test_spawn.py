@@ -143,3 +143,13 @@ def test_the_watchdog_names_requests_never_waited_for_in_seconds():
         assert res["error"].startswith(f"P2PUnwaited: rank {r}: 2 request(s)"), res
         assert "call wait() on it" in res["error"]
     assert took < 20, took  # not the group's timeout
+
+
+def test_first_failure_names_the_rank_whose_error_is_its_own():
+    from course_utils.checks import first_failure
+
+    lost = {"rank": 0, "error": "RuntimeError: ... Connection closed by peer [127.0.0.1]:1"}
+    own = {"rank": 1, "error": "RuntimeError: mat1 and mat2 shapes cannot be multiplied"}
+    assert first_failure([lost, own, {"rank": 2}]) is own
+    assert first_failure([lost, {"rank": 1}]) is lost  # only knock-ons: the first of them
+    assert first_failure([{"rank": 0}, {"rank": 1}]) is None

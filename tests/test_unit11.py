@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from course_utils.assignments.lessons import NOTEBOOK_DIR, read
-from course_utils.checks import spawn
+from course_utils.checks import first_failure, spawn
 from course_utils.notebook_cells import nbgrader_meta
 from course_utils.torch_dist import parallelism as par
 from course_utils.torch_dist import strategies
@@ -94,13 +94,24 @@ def test_tensor_parallel_solutions_pass_and_the_swapped_conjugates_fail():
         assert max(r["grad_diff"].values()) < 1e-5 and r["shapes"] == r["want_shapes"]
         assert (r["forward_calls"], r["backward_calls"]) == ({"all_reduce": 1},) * 2
         assert r["sent"] == par.tp_sent_bytes(8, par.D_MODEL, 2)
+    assert all(d["out_diff"] < 1e-5 for r in res for d in r["more"].values())
     conj = spawn("engine_check_conjugates", 3, timeout=120, sources=good)
     for r in conj:
-        for name in ("CopyToTP", "ReduceFromTP"):
-            assert r[name]["y_diff"] == r[name]["grad_diff"] == r[name]["input_changed"] == 0
+        for dtype, case in r["cases"].items():
+            for c in case.values():
+                assert c["y_diff"] == c["grad_diff"] == c["input_changed"] == 0
+                assert c["dtypes"] == [f"torch.{dtype}"] * 2
     swapped = [s.replace("CopyToTP.apply(x)", "ReduceFromTP.apply(x)") for s in good]
     bad = spawn("engine_check_tp", 2, timeout=120, sources=swapped)
     assert bad[0]["out_diff"] > 1e-3 and bad[0]["forward_calls"] == {"all_reduce": 2}
+    # a rank that fails before its collective: the peer loses it at once, and the report
+    # names the rank whose error is its own, with its line
+    uneven = [s.replace("rows = slice(rank * c, (rank + 1) * c)",
+                        "rows = slice(rank * c, (rank + 2) * c)") for s in good]
+    failed = spawn("engine_check_tp", 2, timeout=60, collective_timeout=30, sources=uneven)
+    first = first_failure(failed)
+    assert first["rank"] == 0 and "shapes cannot be multiplied" in first["error"]
+    assert "line" in first["line"] and "Connection closed" in failed[1]["error"]
 
 
 @pytest.mark.timeout(200)

@@ -27,7 +27,7 @@ from .performance import (
 from .ps_capstone import check_tf_capstone, tf_start_and_resume_problem
 from .ring_allreduce import engine_check_all_reduce, engine_check_point_to_point_only, ring_problem
 from .sharding import engine_check_bounds, engine_check_fsdp, engine_check_zero1
-from .spawn import RankFailed, spawn
+from .spawn import RankFailed, first_failure, spawn
 from .tf_graph import (
     engine_check_train_graph,
     engine_tf_one_step,
@@ -52,6 +52,7 @@ __all__ = ["alpha_beta_problem", "check_tf_capstone", "dp_step_problem",
            "engine_check_sampler", "engine_check_torch_2d", "engine_check_tp",
            "engine_check_train_graph", "engine_check_watchdog", "engine_check_zero1",
            "engine_tf_one_step", "engine_tf_one_step_within", "engine_tf_servers", "feedback",
+           "first_failure",
            "function_problem", "learner_line", "overlap_dp_at", "overlap_dp_problem",
            "RankFailed", "ring_problem", "save_as_if_on", "spawn", "tf_start_and_resume_problem",
            "watchdog_at"]

@@ -35,6 +35,9 @@ def hint_for(e: BaseException) -> str:
     """What ``e`` usually means in this unit (:data:`HINTS`)."""
     if "Timed out" in str(e) or "timed out" in str(e):
         return HINTS["Timed out"]
+    if "does not require grad" in str(e):
+        return ("return what forward computed from its input (F.linear(...), the Function's "
+                "output), so that autograd keeps the graph back to the weights")
     return HINTS.get(type(e).__name__, "read the line named")
 
 
@@ -44,44 +47,47 @@ def _failed(out: dict[str, Any], e: BaseException) -> dict[str, Any]:
 
 
 def engine_check_conjugates(copy_name: str = "CopyToTP", reduce_name: str = "ReduceFromTP",
-                            dtype: str = "float32") -> dict[str, Any]:
-    """*Collective.* Each conjugate on a rank-dependent input of ``dtype``: its forward's
-    output, its input's gradient for a rank-dependent output gradient, the collectives each
-    pass called, whether the input was changed in place, and the dtypes of output and
-    gradient."""
+                            dtypes: tuple[str, ...] = ("float32", "float64")) -> dict[str, Any]:
+    """*Collective.* Each conjugate on a rank-dependent input of each of ``dtypes``: its
+    forward's output, its input's gradient for a rank-dependent output gradient, the
+    collectives each pass called, whether the input was changed in place, and the dtypes of
+    output and gradient; ``cases[dtype][name]``."""
     import torch
     import torch.distributed as dist
 
     rank, p = dist.get_rank(), dist.get_world_size()
-    out: dict[str, Any] = {"rank": rank, "p": p}
-    base = torch.arange(6.0, dtype=getattr(torch, dtype)).reshape(2, 3)
+    out: dict[str, Any] = {"rank": rank, "p": p, "cases": {}}
     try:
-        for name, summed_forward in ((copy_name, False), (reduce_name, True)):
-            fn = px_name(name)
-            x = (base + rank).requires_grad_()
-            with CollectiveCounter() as c:
-                y = fn.apply(x)
-                fwd = dict(c.calls)
-                c.reset()
-                y.backward(torch.full_like(y, float(rank + 1)))
-                bwd = dict(c.calls)
-            want_y = p * base + p * (p - 1) / 2 if summed_forward else base + rank
-            want_g = float(rank + 1) if summed_forward else p * (p + 1) / 2
-            out[name] = {"forward_calls": fwd, "backward_calls": bwd,
-                         "y_diff": float((y.detach() - want_y).abs().max()),
-                         "grad_diff": float((x.grad - want_g).abs().max()),
-                         "input_changed": float((x.detach() - base - rank).abs().max()),
-                         "dtypes": [str(y.dtype), str(x.grad.dtype)]}
+        for dtype in dtypes:
+            base = torch.arange(6.0, dtype=getattr(torch, dtype)).reshape(2, 3)
+            case = out["cases"][dtype] = {}
+            for name, summed_forward in ((copy_name, False), (reduce_name, True)):
+                x = (base + rank).requires_grad_()
+                with CollectiveCounter() as c:
+                    y = px_name(name).apply(x)
+                    fwd = dict(c.calls)
+                    c.reset()
+                    y.backward(torch.full_like(y, float(rank + 1)))
+                    bwd = dict(c.calls)
+                want_y = p * base + p * (p - 1) / 2 if summed_forward else base + rank
+                want_g = float(rank + 1) if summed_forward else p * (p + 1) / 2
+                case[name] = {"forward_calls": fwd, "backward_calls": bwd,
+                              "y_diff": float((y.detach() - want_y).abs().max()),
+                              "grad_diff": float((x.grad - want_g).abs().max()),
+                              "input_changed": float((x.detach() - base - rank).abs().max()),
+                              "dtypes": [str(y.dtype), str(x.grad.dtype)]}
     except Exception as e:
         return _failed(out, e)
     return out
 
 
-def engine_check_tp(cls_name: str = "TPMLP", rows: int = 8) -> dict[str, Any]:
+def engine_check_tp(cls_name: str = "TPMLP", rows: int = 8, more_rows: tuple[int, ...] = (3,)
+                    ) -> dict[str, Any]:
     """*Collective.* The learner's ``cls_name(block, rank, world_size)`` against the whole
     block in one process, on the same batch on every rank: the output, the input's gradient,
     each shard's gradient against its slice of the full one, the collectives of forward and of
-    backward with their ring bytes, and the bytes of parameters this rank holds."""
+    backward with their ring bytes, and the bytes of parameters this rank holds; then the
+    output and input gradient on batches of each of ``more_rows`` rows (``more``)."""
     import torch
     import torch.distributed as dist
 
@@ -120,9 +126,24 @@ def engine_check_tp(cls_name: str = "TPMLP", rows: int = 8) -> dict[str, Any]:
         out["out_diff"] = float((y.detach() - ref.detach()).abs().max())
         out["x_grad_diff"] = float((xt.grad - xr.grad).abs().max())
         out["held_bytes"] = sum(par.tensor_bytes(q) for q in tp.parameters())
+        out["more"] = {n: _tp_diffs(tp, block, n) for n in more_rows}
     except Exception as e:
         return _failed(out, e)
     return out
+
+
+def _tp_diffs(tp: Any, block: Any, rows: int) -> dict[str, float]:
+    """The largest differences of ``tp``'s output and input gradient from ``block``'s on a
+    batch of ``rows`` rows."""
+    import torch
+
+    x = torch.randn(rows, par.D_MODEL, generator=torch.Generator().manual_seed(rows))
+    xr, xt = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ref, y = block(xr), tp(xt)
+    ref.square().sum().backward()
+    y.square().sum().backward()
+    return {"out_diff": float((y.detach() - ref.detach()).abs().max()),
+            "x_grad_diff": float((xt.grad - xr.grad).abs().max())}
 
 
 def engine_check_pipeline(fn_name: str, m: int = 8, rows: int = 8, width: int = 64

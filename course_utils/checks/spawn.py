@@ -220,6 +220,15 @@ _KNOCK_ON = ("Connection reset by peer", "Connection closed by peer", "pair clos
              "Broken pipe")
 
 
+def first_failure(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of a world's results (dicts with ``"error"`` where a probe caught one), the one to
+    report: the first rank whose error is its own, not a lost connection to a peer that failed
+    first (those follow within moments); ``None`` when no rank failed. Pure."""
+    failed = [r for r in results if "error" in r]
+    own = [r for r in failed if not any(k in str(r["error"]) for k in _KNOCK_ON)]
+    return (own or failed or [None])[0]
+
+
 def _ended_by_signal(tmp: Path) -> dict[int, str]:
     """Ranks the launcher saw ended by a signal, and the signal's name."""
     log = tmp / "launcher.txt"
