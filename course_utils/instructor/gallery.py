@@ -2,18 +2,16 @@
 
 How a reviewer looks at every figure at once. The runs are the course's own: ``%%px`` cells of
 the instructor's notebooks (solutions included), picked by their nbgrader ids (:func:`px_code`),
-are executed on real engines, then the same recorders and figure functions the notebooks use
-draw each figure. Steps:
+run on real engines, then drawn by the recorders and figure functions the notebooks use:
 
 1. a 4-engine cluster (a ring on 2 ranks is one message per phase): the ring replay (PNG + an
    HTML animation), the recorded ring trace, the collectives cheat sheet, per-rank tensors;
-2. a 2-engine cluster, TensorFlow first while the engines are fresh: unit 4's traffic,
-   staleness, step timeline and placement (:func:`load_unit4`), then unit 5's lost worker on
-   the same servers; the teardown replaces the engines, and on them: bandwidth bars, the cost
-   model, the DDP timeline, the live training view, per-rank curves, replica divergence.
+2. a 2-engine cluster, TensorFlow first while the engines are fresh (units 4 and 5), then on
+   replaced engines units 1-3's bandwidth, cost model, timeline and curves, unit 10's memory and
+   FSDP figures, and unit 11's pipeline schedules (on 4 processes of their own).
 
 Writes ``OUTDIR/<name>.png`` (and ``.html`` for the animation) and ``OUTDIR/index.html``.
-Small sizes throughout: the whole gallery takes a few minutes on a 2-core machine.
+Small sizes throughout: the whole gallery takes about a minute on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -401,8 +399,7 @@ def _memory_figure(gal: Gallery, cc: Any) -> None:
 
 
 def _pipeline_figure(gal: Gallery) -> None:
-    """Unit 11's two schedules (the solution cells) on 4 processes of their own, as its tests
-    run them: one stage each, 8 microbatches of 128 rows, width 512."""
+    """Unit 11's two schedules (the solution cells) on 4 processes, as its tests run them."""
     from .. import viz
     from ..checks import spawn
     from ..torch_dist.parallelism import bubble_formula
@@ -414,9 +411,9 @@ def _pipeline_figure(gal: Gallery) -> None:
                 for name, fn in (("GPipe", "gpipe_step"), ("1F1B", "one_f_one_b_step"))}
         return viz.pipeline_schedule(runs, formula={k: bubble_formula(4, 8) for k in runs})
 
-    gal.figure("pipeline_schedule", TITLES["pipeline_schedule"],
-               "11's gpipe_step and one_f_one_b_step (the solution cells): "
-               "checks.engine_check_pipeline on 4 processes of their own, gloo", schedules)
+    gal.figure("pipeline_schedule", TITLES["pipeline_schedule"], "11's gpipe_step and "
+               "one_f_one_b_step (solution cells): checks.engine_check_pipeline, 4 stages, 8 "
+               "microbatches of 128 x 512, gloo", schedules)
 
 
 def _tf_part(gal: Gallery, cc: Any) -> None:
