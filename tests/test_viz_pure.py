@@ -354,4 +354,4 @@ def test_gallery_takes_the_notebooks_px_cells_up_to_a_definition():
     assert code.index("import torch") < code.index("def ring_all_reduce(")
     with pytest.raises(LookupError):
         gallery.px_cells(gallery.NOTEBOOKS / "01_collectives.ipynb", "no_such_function")
-    assert len({name for name, _ in gallery.FIGURES}) == len(gallery.FIGURES) == 17
+    assert len({name for name, _ in gallery.FIGURES}) == len(gallery.FIGURES) == 18

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cluster.engines.engine import px_name
+from ..torch_dist.spies import replaced
 
 COUNTED = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor",
            "all_gather_single", "gather", "scatter", "reduce_scatter", "reduce_scatter_tensor",
@@ -19,11 +20,8 @@ def engine_check_collectives(fn_name: str, *args: Any) -> dict[str, Any]:
     every collective of :data:`COUNTED` counted; the originals are back afterwards.
 
     Returns ``{"result": ..., "calls": {"all_reduce": 1, ...}}`` (only names called)."""
-    import torch.distributed as dist
-
     fn = px_name(fn_name)
     calls: dict[str, int] = {}
-    saved = {name: getattr(dist, name) for name in COUNTED if hasattr(dist, name)}
 
     def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def counted(*a: Any, **k: Any) -> Any:
@@ -31,13 +29,8 @@ def engine_check_collectives(fn_name: str, *args: Any) -> dict[str, Any]:
             return real(*a, **k)
         return counted
 
-    for name, real in saved.items():
-        setattr(dist, name, counting(name, real))
-    try:
+    with replaced(counting, COUNTED):
         result = fn(*args)
-    finally:
-        for name, real in saved.items():
-            setattr(dist, name, real)
     return {"result": result, "calls": calls}
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..cluster.engines.engine import px_name
+from ..torch_dist.spies import replaced
 from .common import learner_line
 
 
@@ -57,9 +58,7 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
                            "local_rank": getattr(__main__, "local_rank", rank), "routes": routes,
                            "error_line": "", "stuck": None, "bytes_sent": None}
     with p2p_watchdog(wait_s) as watch:
-        saved = {name: getattr(dist, name) for name in ("send", "isend")}
-
-        def spying(name: str) -> Callable[..., Any]:
+        def spying(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
             def spy(tensor: Any, *args: Any, **kwargs: Any) -> Any:
                 messages.append(int(tensor.numel() * tensor.element_size()))
                 dst = args[0] if args else kwargs.get("dst", -1)
@@ -67,22 +66,18 @@ def engine_check_all_reduce(fn_name: str, n: int, seed: int = 0, dtype: str = "f
                     base.untyped_storage().data_ptr()
                 at = (tensor.data_ptr() - base.data_ptr()) // base.element_size() if same else -1
                 routes.append((int(dst if dst is not None else -1), int(at)))
-                return saved[name](tensor, *args, **kwargs)
+                return real(tensor, *args, **kwargs)
             return spy
 
-        for name in saved:
-            setattr(dist, name, spying(name))
         try:
-            out["bytes_sent"] = fn(mine)
+            with replaced(spying, ("send", "isend")):
+                out["bytes_sent"] = fn(mine)
         except P2PStuck as exc:
             out["stuck"] = exc.as_dict()
         except Exception as exc:
             watch.clean = False  # its requests were left by the error, not forgotten
             out["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             out["error_line"] = learner_line(exc)
-        finally:
-            for name, f in saved.items():
-                setattr(dist, name, f)
     diff = (mine.double() - ref).abs()
     out.update(
         max_abs_diff=float(diff.max()) if n else 0.0,
@@ -182,25 +177,16 @@ def engine_check_point_to_point_only(fn_name: str, n: int, seed: int = 0) -> dic
     """Like :func:`engine_check_all_reduce`, but while the learner's function runs every
     built-in collective of ``torch.distributed`` raises, so only send/recv (blocking or
     not) can do the work. Used by the hidden tests of ``01_collectives``."""
-    import torch.distributed as dist
-
     import __main__
 
     fn = px_name(fn_name, to_call=True)
-
-    saved = {name: getattr(dist, name) for name in _FORBIDDEN}
 
     def forbidden(*_a: Any, **_k: Any) -> None:
         raise RuntimeError("this exercise builds all-reduce from isend/irecv only")
 
     def guarded(t: Any) -> Any:
-        for name in _FORBIDDEN:
-            setattr(dist, name, forbidden)
-        try:
+        with replaced(lambda _name, _real: forbidden, _FORBIDDEN):
             return fn(t)
-        finally:
-            for name, f in saved.items():
-                setattr(dist, name, f)
 
     __main__.__dict__["_course_guarded"] = guarded
     try:

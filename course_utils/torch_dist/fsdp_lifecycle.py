@@ -20,7 +20,10 @@ shrinking the storage to zero bytes).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+from .spies import replaced
 
 #: The event kinds, in the words the figure uses.
 KINDS = ("all_gather", "full", "compute", "free", "reduce_scatter")
@@ -37,7 +40,7 @@ class LifecycleRecorder:
         self.phase = "forward"
         self.counts = {"all_gather": 0, "reduce_scatter": 0}
         self.held = [0] * len(layers)
-        self._real: dict[str, Any] = {}
+        self._spies = contextlib.ExitStack()
         for i, layer in enumerate(layers):
             layer.register_forward_pre_hook(self._pre(i))
             layer.register_forward_hook(self._post(i))
@@ -104,19 +107,13 @@ class LifecycleRecorder:
         return spy
 
     def __enter__(self) -> LifecycleRecorder:
-        import torch.distributed as dist
-
-        for kind, name in (("all_gather", "all_gather_single"),
-                           ("reduce_scatter", "reduce_scatter_single")):
-            self._real[name] = getattr(dist, name)
-            setattr(dist, name, self._wrap(kind, self._real[name]))
+        kinds = {"all_gather_single": "all_gather", "reduce_scatter_single": "reduce_scatter"}
+        self._spies.enter_context(replaced(lambda name, real: self._wrap(kinds[name], real),
+                                           kinds))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        import torch.distributed as dist
-
-        for name, real in self._real.items():
-            setattr(dist, name, real)
+        self._spies.close()
 
 
 def engine_fsdp_lifecycle(width: int = 64, depth: int = 4, steps: int = 2) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..cluster.engines.engine import px_name
+from .spies import replaced
 
 
 def chunk_bounds(n: int, p: int) -> list[tuple[int, int]]:
@@ -188,17 +189,15 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[P2PWatch]:
             return _TimedWork(*post(call, tensor, peer, *args[1:], **kwargs))
         return fn
 
-    for name, fn in (("send", send), ("recv", recv), ("isend", posting("isend", "dst")),
-                     ("irecv", posting("irecv", "src"))):
-        setattr(dist, name, fn)
+    timed = {"send": send, "recv": recv, "isend": posting("isend", "dst"),
+             "irecv": posting("irecv", "src")}
     unwaited: list[tuple[str, int | None, int]] = []
     failed = True  # until the block ends without an exception
     try:
-        yield watch
+        with replaced(lambda name, _real: timed[name], timed):
+            yield watch
         failed = False
     finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
         if not failed and watch.clean:
             unwaited = _land_unwaited(posted, limit)
         _leave_together(scratch, seconds)
@@ -239,15 +238,13 @@ def record_sends(fn: Callable[[Any], Any], t: Any) -> list[dict[str, Any]]:
     The one spy on sends of the course's recorders (:func:`engine_record_ring` here,
     :func:`course_utils.torch_dist.record.engine_record_ring_frames` for the ring replay).
     """
-    import torch.distributed as dist
 
     flat = t.view(-1)
     base, n, size = flat.data_ptr(), flat.numel(), flat.element_size()
     storage = flat.untyped_storage().data_ptr()
     sent: list[dict[str, Any]] = []
-    saved = {name: getattr(dist, name) for name in ("send", "isend")}
 
-    def spying(name: str) -> Callable[..., Any]:
+    def spying(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
         def spy(tensor: Any, dst: int, *args: Any, **kwargs: Any) -> Any:
             values = tensor.detach().reshape(-1).tolist()
             buffer = flat.tolist()
@@ -257,16 +254,11 @@ def record_sends(fn: Callable[[Any], Any], t: Any) -> list[dict[str, Any]]:
                 start = _find(buffer, values)
             sent.append({"dst": int(dst), "values": values, "start": int(start),
                          "buffer": buffer})
-            return saved[name](tensor, dst, *args, **kwargs)
+            return real(tensor, dst, *args, **kwargs)
         return spy
 
-    for name in saved:
-        setattr(dist, name, spying(name))
-    try:
+    with replaced(spying, ("send", "isend")):
         fn(t)
-    finally:
-        for name, f in saved.items():
-            setattr(dist, name, f)
     return sent
 
 

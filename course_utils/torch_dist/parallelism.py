@@ -9,7 +9,10 @@ are plain arithmetic for the kernel.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
+
+from .spies import replaced
 
 #: the tensor-parallel block's sizes: d_model and the hidden width (divisible by 1, 2, 4, 8)
 D_MODEL, HIDDEN = 16, 64
@@ -85,35 +88,23 @@ def pp_sent_bytes(m: int, rows: int, width: int, elem_bytes: int = 4) -> int:
 
 
 class P2PCounter:
-    """Counts the calls and bytes of ``send``/``isend`` while active. Both names are replaced in
-    ``torch.distributed`` and in ``torch.distributed.distributed_c10d`` (where
-    ``batch_isend_irecv``'s ``P2POp`` looks them up), so every way of sending is counted."""
-
-    NAMES = ("send", "isend")
+    """Counts the calls and bytes of ``send``/``isend`` while active, in ``torch.distributed``
+    and in ``distributed_c10d`` (where ``batch_isend_irecv``'s ``P2POp`` looks them up), so
+    every way of sending is counted."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
         self.sent = 0
         self.sizes: dict[int, int] = {}  # bytes of a send: how many sends of that size
-        self._real: list[tuple[Any, str, Any]] = []
+        self._spies = contextlib.ExitStack()
         self._inside = False  # torch's send calls isend: count the outer call only
 
     def __enter__(self) -> P2PCounter:
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d
-
-        for name in self.NAMES:
-            real = getattr(distributed_c10d, name)
-            spy = self._spy(name, real)
-            for where in (dist, distributed_c10d):
-                self._real.append((where, name, getattr(where, name)))
-                setattr(where, name, spy)
+        self._spies.enter_context(replaced(self._spy, ("send", "isend"), c10d=True))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        for where, name, real in reversed(self._real):
-            setattr(where, name, real)
-        self._real.clear()
+        self._spies.close()
 
     def _spy(self, name: str, real: Any) -> Any:
         def spy(tensor: Any, *args: Any, **kwargs: Any) -> Any:

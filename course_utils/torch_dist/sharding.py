@@ -7,12 +7,15 @@ rank (``cluster.run``) and import torch there; the formulas are plain arithmetic
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import time
 import weakref
 from collections.abc import Iterable
 from typing import Any
+
+from .spies import replaced
 
 #: bytes per parameter, fp32: the weight, its gradient, Adam's two moments (exp_avg, exp_avg_sq)
 PARAM_B, GRAD_B, ADAM_B = 4, 4, 8
@@ -385,23 +388,18 @@ class CollectiveCounter:
         self.sent = 0.0
         self.live = 0
         self.peak_live = 0
-        self._real: dict[str, Any] = {}
+        self._spies = contextlib.ExitStack()
 
     def __enter__(self) -> CollectiveCounter:
         import torch.distributed as dist
 
         p = dist.get_world_size()
-        for name, cost in RING_SENT.items():
-            real = getattr(dist, name)
-            self._real[name] = real
-            setattr(dist, name, self._wrap(name, real, cost, p))
+        self._spies.enter_context(replaced(
+            lambda name, real: self._wrap(name, real, RING_SENT[name], p), RING_SENT))
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        import torch.distributed as dist
-
-        for name, real in self._real.items():
-            setattr(dist, name, real)
+        self._spies.close()
 
     def _wrap(self, name: str, real: Any, cost: Any, p: int) -> Any:
         key = CANONICAL.get(name, name)
