@@ -15,6 +15,7 @@ from course_utils.notebook_cells import nbgrader_meta
 from course_utils.procs import pids_running
 from course_utils.torch_dist import dcp_resume, fsdp_lifecycle, sharding
 from course_utils.viz import memory
+from tests.several import spawn_several
 
 NB = NOTEBOOK_DIR / "10_sharding_and_memory.ipynb"
 
@@ -198,10 +199,22 @@ def test_fsdp_lifecycle_figure_draws_every_rank_and_its_events():
         "rank 0: 4 all_gathers and 2 reduce_scatters for 2 layers; at most 100 B")
 
 
-@pytest.mark.timeout(300)
-def test_fsdp_lifecycle_recorded_on_two_ranks_of_torchs_fsdp():
-    res = spawn("course_utils.torch_dist.fsdp_lifecycle:engine_fsdp_lifecycle", 2, sources=[],
-                timeout=200)
+#: torch's own on 2 ranks, one world for the tests below (each world costs a process start)
+TORCHS_OWN = [("course_utils.torch_dist.fsdp_lifecycle:engine_fsdp_lifecycle", {}),
+              *[("course_utils.torch_dist.sharding:engine_memory", {"strategy": name})
+                for name in ("ddp", "ddp_view", "ddp_bf16")],
+              ("course_utils.torch_dist.sharding:engine_fsdp2_traffic", {"micro": 3})]
+
+
+@pytest.fixture(scope="module")
+def torchs_own():
+    return dict(zip(("lifecycle", "ddp", "ddp_view", "ddp_bf16", "fsdp2_micro3"),
+                    spawn_several(2, TORCHS_OWN, timeout=300), strict=True))
+
+
+@pytest.mark.timeout(400)
+def test_fsdp_lifecycle_recorded_on_two_ranks_of_torchs_fsdp(torchs_own):
+    res = torchs_own["lifecycle"]
     for r in res:
         ev = r["events"]
         for layer in range(4):
@@ -219,12 +232,10 @@ def test_fsdp_lifecycle_recorded_on_two_ranks_of_torchs_fsdp():
         assert [e["bytes"] for e in ev if e["kind"] == "all_gather"][:4] == r["layer_bytes"]
 
 
-@pytest.mark.timeout(300)
-def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_views():
+@pytest.mark.timeout(400)
+def test_ddp_buckets_are_a_second_copy_of_the_gradients_unless_views(torchs_own):
     for strategy, buckets in (("ddp", "grads"), ("ddp_view", None)):
-        res = spawn("course_utils.torch_dist.sharding:engine_memory", 2, sources=[],
-                    timeout=200, strategy=strategy)
-        for r in res:
+        for r in torchs_own[strategy]:
             assert r["buckets"] == (r[buckets] if buckets else 0), r
             assert r["grads"] == r["params"] == 4 * r["n_params"]
 
@@ -257,14 +268,13 @@ def test_a_checkpoint_of_model_and_adam_saved_by_1_rank_resumes_on_2(tmp_path):
         assert after < 1e-5 < 1e-3 < bare  # Adam's state is what the resume needed
 
 
-@pytest.mark.timeout(300)
-def test_bf16_variants_send_fewer_bytes_and_fsdp2_accumulates_with_one_reduce_scatter():
-    sharding_fn = "course_utils.torch_dist.sharding:"
-    full, half = (spawn(sharding_fn + "engine_memory", 2, sources=[], timeout=200,
-                        strategy=name)[0] for name in ("ddp", "ddp_bf16"))
+@pytest.mark.timeout(400)
+def test_bf16_variants_send_fewer_bytes_and_fsdp2_accumulates_with_one_reduce_scatter(
+        torchs_own):
+    full, half = torchs_own["ddp"][0], torchs_own["ddp_bf16"][0]
     assert half["sent"] == full["sent"] / 2  # bf16_compress_hook: 2 bytes an element
     assert half["optimizer"] == full["optimizer"]  # the state held stays fp32
     table = sharding.memory_table([full, half], 2)
     assert "DDP, bf16_compress_hook" in table
-    acc = spawn(sharding_fn + "engine_fsdp2_traffic", 2, sources=[], timeout=200, micro=3)[0]
+    acc = torchs_own["fsdp2_micro3"][0]
     assert acc["calls"] == {"all_gather_single": 24, "reduce_scatter_single": 4}

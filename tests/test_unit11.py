@@ -13,6 +13,7 @@ from course_utils.notebook_cells import nbgrader_meta
 from course_utils.torch_dist import parallelism as par
 from course_utils.torch_dist import strategies
 from course_utils.viz import pipeline
+from tests.several import spawn_several
 
 NB = NOTEBOOK_DIR / "11_tensor_and_pipeline.ipynb"
 
@@ -85,14 +86,6 @@ def test_comparison_table_takes_the_most_any_rank_holds_and_sends():
     assert "200 B" in text and "50%" in text and "all_reduce ×1" in text
 
 
-#: a cell that runs several probes in one world (each world costs a process start and torch)
-SEVERAL = """
-def several(calls):
-    from course_utils import checks
-    return [getattr(checks, name)(**kw) for name, kw in calls]
-"""
-
-
 @pytest.mark.timeout(240)
 def test_solutions_pass_on_2_ranks_and_each_send_is_counted_once():
     sources = _sources("ex1a-solution", "ex1-solution", "ex2-solution", "ex2b-solution")
@@ -101,12 +94,11 @@ def test_solutions_pass_on_2_ranks_and_each_send_is_counted_once():
         "dist.send(y.detach(), rank + 1)", "dist.batch_isend_irecv("
         "[dist.P2POp(dist.isend, y.detach(), rank + 1)])[0].wait()")
     pp = {"m": 3, "rows": 4, "width": 16}
-    res = spawn("__main__:several", 2, timeout=150, collective_timeout=20,
-                sources=[*sources, batched, SEVERAL],
-                calls=[("engine_check_tp", {}), ("engine_check_conjugates", {}),
-                       *[("engine_check_pipeline", {"fn_name": fn, **pp}) for fn in
-                         ("gpipe_step", "one_f_one_b_step", "gpipe_batched")]])
-    tp, conj, gpipe, ofob, batch = zip(*res, strict=True)
+    tp, conj, gpipe, ofob, batch = spawn_several(
+        2, [("engine_check_tp", {}), ("engine_check_conjugates", {}),
+            *[("engine_check_pipeline", {"fn_name": fn, **pp})
+              for fn in ("gpipe_step", "one_f_one_b_step", "gpipe_batched")]],
+        sources=[*sources, batched], timeout=150, collective_timeout=20)
     for r in tp:
         assert r["out_diff"] < 1e-5 and r["x_grad_diff"] < 1e-5, r
         assert max(r["grad_diff"].values()) < 1e-5 and r["shapes"] == r["want_shapes"]
@@ -139,12 +131,10 @@ def test_a_rank_that_fails_before_its_collective_is_named_and_its_peer_freed_at_
 
 @pytest.mark.timeout(240)
 def test_torchs_own_on_a_2_by_2_mesh_and_its_1f1b_match_one_process():
-    sources = [*_sources("ex3-solution", "ex3b-solution"), SEVERAL]
-    res = spawn("__main__:several", 4, timeout=150, collective_timeout=20, sources=sources,
-                calls=[("engine_check_torch_2d", {}),
-                       ("engine_check_pipeline", {"fn_name": "torch_1f1b", "m": 4, "rows": 4,
-                                                  "width": 16})])
-    two_d, pipe = zip(*res, strict=True)
+    two_d, pipe = spawn_several(
+        4, [("engine_check_torch_2d", {}),
+            ("engine_check_pipeline", {"fn_name": "torch_1f1b", "m": 4, "rows": 4, "width": 16})],
+        sources=_sources("ex3-solution", "ex3b-solution"), timeout=150, collective_timeout=20)
     for r in two_d:
         assert r["out_diff"] < 1e-5 and r["weight_diff"] < 1e-5 and not r["missing"], r
         assert all(d == ["dp", "tp"] for d in r["mesh_dims"].values())
