@@ -125,7 +125,7 @@ def test_a_rank_that_fails_before_its_collective_is_named_and_its_peer_freed_at_
     failed = spawn("engine_check_tp", 2, timeout=60, collective_timeout=30, sources=uneven)
     first = first_failure(failed)
     assert first["rank"] == 0 and "shapes cannot be multiplied" in first["error"]
-    assert "line" in first["line"] and "Connection closed" in failed[1]["error"]
+    assert "line" in first["line"] and "by peer" in failed[1]["error"]  # closed, or reset
     # (the catalogue plants the other mistakes in the notebook: tests/mistakes/u11_*.py)
 
 
