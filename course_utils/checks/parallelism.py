@@ -146,12 +146,13 @@ def _tp_diffs(tp: Any, block: Any, rows: int) -> dict[str, float]:
             "x_grad_diff": float((xt.grad - xr.grad).abs().max())}
 
 
-def engine_check_pipeline(fn_name: str, m: int = 8, rows: int = 8, width: int = 64
-                          ) -> dict[str, Any]:
+def engine_check_pipeline(fn_name: str, m: int = 8, rows: int = 8, width: int = 64,
+                          warmup: int = 1) -> dict[str, Any]:
     """*Collective.* The learner's schedule ``fn_name(stage, inputs, targets, loss_fn)`` on a
     pipeline of one stage per rank (a :class:`~course_utils.torch_dist.pipeline_stage.TimedStage`
     over ``m`` microbatches) against the whole model in one process on every microbatch (the
-    mean of their losses): this stage's gradients, the loss returned, the timeline, the most
+    mean of their losses), after ``warmup`` untimed steps (their gradients zeroed): this
+    stage's gradients, the loss returned, the timeline, the most
     microbatches in flight, the bytes of activations kept at most, and the sends (all, and
     ``tensor_sends``: those of one activation's size; torch's schedule also sends a few
     bytes of its own)."""
@@ -167,6 +168,10 @@ def engine_check_pipeline(fn_name: str, m: int = 8, rows: int = 8, width: int = 
     out: dict[str, Any] = {"rank": rank, "p": p, "m": m, "rows": rows, "width": width}
     try:
         fn = px_name(fn_name, to_call=True)
+        for _ in range(warmup):  # a first step pays one-time costs the timeline should not show
+            fn(stage, xs, ts, nn.MSELoss())
+            stage.module.zero_grad(set_to_none=True)
+            stage.reset()
         dist.barrier()
         with par.P2PCounter() as c:
             got = fn(stage, xs, ts, nn.MSELoss())

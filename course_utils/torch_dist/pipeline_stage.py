@@ -28,13 +28,17 @@ class TimedStage(nn.Module):
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = module
+        self.reset()
+        first = next(q for q in module.parameters() if q.requires_grad)
+        first.register_post_accumulate_grad_hook(self._backward_done)
+
+    def reset(self) -> None:
+        """Forget the events and activations recorded so far (a new step is timed)."""
         self.events: list[tuple[str, int, float, float]] = []
         self.live = 0
         self.peak_live = 0
         self.saved_per_micro: list[int] = []
         self._in_backward: list[tuple[int, float]] = []
-        first = next(q for q in module.parameters() if q.requires_grad)
-        first.register_post_accumulate_grad_hook(self._backward_done)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled():  # a look at shapes (torch's PipelineStage), no step
