@@ -4,8 +4,9 @@ pipeline schedules (``gpipe_step``, ``one_f_one_b_step``) and 2-D set-up with to
 (``torch_2d``), each against one process on the whole batch, with the collectives and the
 point-to-point bytes counted.
 
-They run on the notebook's ranks (``cluster.run``) or on a world of their own
-(:func:`~course_utils.checks.spawn.spawn`, 4 ranks while the notebook's cluster has 2).
+They run on worlds of their own (:func:`~course_utils.checks.spawn.spawn`: 3 or 4 ranks while
+the notebook's cluster has 2), so that a rank that fails before a collective cannot leave the
+notebook's group waiting in it.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def engine_check_tp(cls_name: str = "TPMLP", rows: int = 8, more_rows: tuple[int
                             for k, v in want.items()}
         out["out_diff"] = float((y.detach() - ref.detach()).abs().max())
         out["x_grad_diff"] = float((xt.grad - xr.grad).abs().max())
-        out["held_bytes"] = sum(par.tensor_bytes(q) for q in tp.parameters())
+        out["held_bytes"] = sum(q.nbytes for q in tp.parameters())
         out["more"] = {n: _tp_diffs(tp, block, n) for n in more_rows}
     except Exception as e:
         return _failed(out, e)

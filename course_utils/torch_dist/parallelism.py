@@ -54,11 +54,6 @@ def microbatches(m: int, rows: int = 8, width: int = STAGE_WIDTH, seed: int = 1
     return xs, [torch.randn(rows, width, generator=g) for _ in range(m)]
 
 
-def tensor_bytes(t: Any) -> int:
-    """Bytes of a tensor's elements."""
-    return t.numel() * t.element_size()
-
-
 def bubble_measured(timelines: list[list[tuple[str, int, float, float]]]) -> float:
     """The idle share of a step, from every rank's events: 1 - (time busy, summed over the
     ranks) / (ranks × the step's span, first start to last end on any rank)."""
@@ -111,7 +106,7 @@ class P2PCounter:
             if self._inside:
                 return real(tensor, *args, **kwargs)
             self.calls[name] = self.calls.get(name, 0) + 1
-            n = tensor_bytes(tensor)
+            n = tensor.nbytes
             self.sent += n
             self.sizes[n] = self.sizes.get(n, 0) + 1
             self._inside = True

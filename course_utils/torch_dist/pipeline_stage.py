@@ -12,8 +12,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from .parallelism import tensor_bytes
-
 
 class TimedStage(nn.Module):
     """A pipeline stage that records, on this rank, when each microbatch's forward and backward
@@ -50,7 +48,7 @@ class TimedStage(nn.Module):
         def pack(t: Any) -> Any:
             if t.data_ptr() not in seen:  # a tensor saved twice is kept once
                 seen.add(t.data_ptr())
-                saved[0] += tensor_bytes(t)
+                saved[0] += t.nbytes
             return t
 
         start = time.monotonic()
