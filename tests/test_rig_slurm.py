@@ -114,6 +114,14 @@ def test_marked_processes_finds_descendants_and_kill_processes_ends_them(tmp_pat
     assert marked_processes(tmp_path) == []
 
 
+def test_daemon_ports_stay_below_the_course_picks_and_the_learners_blocks() -> None:
+    from course_utils.cluster.ports import PICK_FLOOR
+    from course_utils.workshop.plan import PORT_BASE
+
+    ports = rigs_slurm.daemon_ports(2)
+    assert len(set(ports)) == 2 and all(p < min(PICK_FLOOR, PORT_BASE) for p in ports), ports
+
+
 def test_clean_stale_removes_runs_of_dead_owners_only(tmp_path: Path) -> None:
     dead, alive = tmp_path / "run-dead", tmp_path / "run-alive"
     dead.mkdir()

@@ -10,6 +10,7 @@ import os
 import pwd
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -324,6 +325,32 @@ def test_a_queued_learner_is_told_who_holds_which_gpus_and_how_long():
                         "at most 0:45:57 left")
     assert "zed" not in msg and "within 0:25:57" in lines[4] and "cu.stop()" in lines[4]
     assert "No running job holds GPUs" in slurm_queue.queue_message(jobs[3], jobs[2:])
+
+
+def test_a_service_listening_in_a_learners_block_is_named_with_the_span_to_leave():
+    """The firewall refuses a block's ports to all but its learner: any other listener there (a
+    Slurm daemon did, in this suite's rig) breaks for everyone. A real socket, read back from
+    /proc/net/tcp as the check reads it."""
+    from course_utils.workshop.check_as_learner import _tcp_tables, block_squatters
+
+    ws = workshop_from_dict({"learners": ["nobody-x", "nobody-y"],
+                             "hosts": [{"name": "x", "address": "10.0.0.1", "gpus": 1}]})
+    low, high = ws.port_block("nobody-y")
+    with contextlib.ExitStack() as stack:
+        for port in range(low, high + 1):
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            sock.listen()
+            break
+        found = block_squatters(ws, _tcp_tables())
+    print(found)
+    assert f"port {port} of nobody-y's block is held by uid {os.getuid()}" in found
+    assert block_squatters(ws, "  sl  local_address rem_address   st\n") == []
+    listed = f"   0: 0100007F:{port:04X} 00000000:0000 0A 0:0 00:0 0 {os.getuid()} 0 1"
+    assert block_squatters(ws, listed.replace(" 0A ", " 01 ")) == []  # connected, not listening
 
 
 def test_overlapping_rigs_close_the_folders_only_when_the_last_one_leaves(tmp_path):

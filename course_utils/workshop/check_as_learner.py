@@ -126,5 +126,50 @@ def check_firewall(ws: Workshop, out: Path | None) -> Line:
     if missing:
         return Line(name, "FAIL", f"the loaded table lacks the blocks of {missing} (an older "
                     "workshop file?)", "run `course workshop` again, then " + fix)
+    squatters = block_squatters(ws, _tcp_tables())
+    if squatters:
+        return Line(name, "FAIL", "; ".join(squatters) + ": the firewall refuses those ports to "
+                    "everyone but that learner, so that service breaks for all others",
+                    f"move it out of {_blocks_span(ws)} (the learners' blocks)")
     return Line(name, "PASS", f"{len(ws.learners)} learners' blocks from "
                 f"{ws.port_block(ws.learners[0])[0]} closed to the others on this host")
+
+
+def _blocks_span(ws: Workshop) -> str:
+    return f"{ws.port_block(ws.learners[0])[0]}-{ws.port_block(ws.learners[-1])[1]}"
+
+
+def _tcp_tables() -> str:
+    text = ""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                text += fh.read()
+        except OSError:
+            pass
+    return text
+
+
+def block_squatters(ws: Workshop, tables: str) -> list[str]:
+    """Listening sockets (``tables``: the text of ``/proc/net/tcp{,6}``) on a port of some
+    learner's block whose owner is not that learner: a service the firewall would cut off
+    (seen in the course's own test rig, a Slurm daemon on a random port in a block)."""
+    import pwd
+
+    owners = {}
+    for who in ws.learners:
+        try:
+            owners[who] = pwd.getpwnam(who).pw_uid
+        except KeyError:
+            owners[who] = -1
+    found = []
+    for line in tables.splitlines():
+        cols = line.split()
+        if len(cols) < 8 or cols[3] != "0A" or ":" not in cols[1]:
+            continue  # the header, or not a listening socket
+        port, uid = int(cols[1].rsplit(":", 1)[1], 16), int(cols[7])
+        for who in ws.learners:
+            low, high = ws.port_block(who)
+            if low <= port <= high and uid != owners[who]:
+                found.append(f"port {port} of {who}'s block is held by uid {uid}")
+    return sorted(set(found))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import re
 import secrets
 import shlex
@@ -55,7 +56,6 @@ from typing import TypeVar
 import pytest
 
 from course_utils import procs
-from course_utils.cluster.ports import free_port
 from tests.rigs.common import (
     RigError,
     RigUnavailable,
@@ -207,6 +207,27 @@ def clean_stale(base: Path = BASE) -> list[Path]:
     return removed
 
 
+#: Where the daemons' ports are picked: below the ports the course picks and the workshop's
+#: learner blocks (20000 up), whose firewall refuses a block to all but its learner: a slurmd
+#: picked there was cut off from slurmctld (CI: "Unable to contact slurm controller").
+DAEMON_PORTS = range(15000, 20000)
+
+
+def daemon_ports(count: int) -> list[int]:
+    """``count`` distinct ports of :data:`DAEMON_PORTS` that nothing listens on here."""
+    picked: list[int] = []
+    for port in random.SystemRandom().sample(DAEMON_PORTS, min(200, len(DAEMON_PORTS))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        picked.append(port)
+        if len(picked) == count:
+            return picked
+    raise RigError(f"no {count} free ports in {DAEMON_PORTS.start}-{DAEMON_PORTS.stop - 1}")
+
+
 def parse_job_record(line: str) -> tuple[str, str]:
     """``(state, reason)`` from a one-line ``scontrol -o show job`` record."""
     state = re.search(r"\bJobState=(\S+)", line)
@@ -336,10 +357,7 @@ class SlurmRig:
             nodes = {f"rig-{h.name}": (h.netns, h.address) for h in hosts.hosts.values()}
             ctld_addr = next(iter(nodes.values()))[1]  # slurmctld runs on the first host
         node = next(iter(nodes))
-        ctld_port = free_port()
-        slurmd_port = free_port()
-        while slurmd_port == ctld_port:
-            slurmd_port = free_port()
+        ctld_port, slurmd_port = daemon_ports(2)
         conf = root / "slurm.conf"
         rig = cls(root=root, conf=conf, partition=partition, node=node, cpus=cpus,
                   ctld_port=ctld_port, slurmd_port=slurmd_port, env={"SLURM_CONF": str(conf)},
