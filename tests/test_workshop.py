@@ -69,6 +69,15 @@ def test_the_example_file_reads_and_says_how_many_learners_fit():
     ({"learners": 2, "hosts": _hosts(1), "time": "4 hours"}, "not a Slurm time", "HH:MM:SS"),
     ({"learners": 2, "hosts": [{"name": "a", "address": "10.0.0.1", "gpus": 1, "gpu": 2}]},
      "unknown key(s) ['gpu']", "name, address, gpus"),
+    ({"learners": 2, "hosts": _hosts(1), "gpu_per_learner": 2},
+     "the workshop file: unknown key(s) ['gpu_per_learner']", "gpus_per_learner"),
+    ({"learners": 2, "hosts": _hosts(1), "hub": {"ssl_certificate": "/x.pem"}},
+     "[hub]: unknown key(s) ['ssl_certificate']", "ssl_cert, ssl_key"),
+    ({"learners": 2, "hosts": _hosts(1), "hub": "gpu1"}, "[hub] is not a table", "TOML table"),
+    ({"learners": 2, "hosts": _hosts(1), "hub": {"ssl_cert": "/etc/ssl/hub.pem"}},
+     "needs both ssl_cert and ssl_key", "ssl_key = "),
+    ({"learners": 2, "hosts": _hosts(1), "hub": {"ssl_cert": "hub.pem", "ssl_key": "hub.key"}},
+     "as absolute paths", "/etc/ssl/hub.pem"),
 ])
 def test_a_wrong_workshop_file_names_the_key_and_the_fix(data, cause, fix):
     with pytest.raises(WorkshopError) as caught:
@@ -353,6 +362,70 @@ def test_a_service_listening_in_a_learners_block_is_named_with_the_span_to_leave
     assert block_squatters(ws, listed.replace(" 0A ", " 01 ")) == []  # connected, not listening
 
 
+FENCED = {"TaskPlugin": "task/cgroup,task/affinity", "ProctrackType": "proctrack/cgroup",
+          "AccountingStorageEnforce": "associations,limits,qos"}
+
+
+@pytest.mark.parametrize("change, named", [
+    ({}, None),
+    ({"TaskPlugin": "task/affinity"}, "TaskPlugin=task/affinity: a learner's ranks can open"),
+    ({"ProctrackType": "proctrack/linuxproc"}, "ProctrackType=proctrack/linuxproc"),
+    ({"AccountingStorageEnforce": "associations"}, "AccountingStorageEnforce=associations)"),
+    ({"cgroup": "ConstrainCores=yes\nConstrainDevices=no\n"}, "lacks ConstrainDevices=yes"),
+    ({"QoS": "N/A"}, "partition QoS=N/A"),
+])
+def test_fencing_names_each_missing_line_and_passes_a_fenced_cluster(change, named):
+    from course_utils.workshop.check_setup import fencing_gaps
+
+    config = {**FENCED, **{k: v for k, v in change.items() if k in FENCED}}
+    cgroup = change.get("cgroup", "# beside slurm.conf\nConstrainCores=yes\nconstraindevices=Yes\n")
+    gaps = fencing_gaps(config, cgroup, {"PartitionName": "workshop",
+                                         "QoS": change.get("QoS", "workshop")})
+    assert gaps == [] if named is None else len(gaps) == 1 and named in gaps[0], gaps
+
+
+def _tls_pair(folder: Path, address: str, name: str = "hub") -> tuple[Path, Path]:
+    """A self-signed certificate for ``address`` (openssl, as an instructor would make one)
+    and its key, 0600."""
+    cert, key = folder / f"{name}.pem", folder / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", f"/CN={address}", "-addext", f"subjectAltName=IP:{address}",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True,
+                   timeout=60)
+    key.chmod(0o600)
+    return cert, key
+
+
+def test_tls_is_a_warning_without_a_pair_and_checks_the_pair_it_is_given(tmp_path):
+    from course_utils.workshop.check_setup import check_tls
+
+    plain = workshop_from_dict({"learners": 2, "hosts": _hosts(1)})
+    warned = check_tls(plain)
+    assert warned.status == "WARN" and "plain http (http://10.0.0.1:8000)" in warned.detail
+    assert "ssl_cert and ssl_key under [hub]" in warned.text()  # a WARN shows its fix
+    cert, key = _tls_pair(tmp_path, "10.0.0.1")
+    other_cert, _ = _tls_pair(tmp_path, "10.0.0.1", "other")
+
+    def with_pair(c: Path, k: Path):
+        return workshop_from_dict({"learners": 2, "hosts": _hosts(1),
+                                   "hub": {"ssl_cert": str(c), "ssl_key": str(k)}})
+
+    good = with_pair(cert, key)
+    assert good.hub_url == "https://10.0.0.1:8000"
+    assert check_tls(good).status == "PASS", check_tls(good)
+    config = render.hub_config(good, tmp_path / "p.toml", tmp_path / "release", tmp_path)
+    assert f"c.JupyterHub.ssl_key = {json.dumps(str(key))}" in config
+    assert 'bind_url = "https://10.0.0.1:8000"' in config
+    assert "ssl_key" not in render.hub_config(plain, tmp_path / "p.toml", tmp_path, tmp_path)
+    mismatched = check_tls(with_pair(other_cert, key))
+    assert mismatched.status == "FAIL" and "are not a pair" in mismatched.detail, mismatched
+    key.chmod(0o644)
+    opened = check_tls(good)
+    assert opened.status == "FAIL" and opened.fix == f"chmod 600 {key}", opened
+    key.unlink()
+    assert "cannot be read here" in check_tls(good).detail
+
+
 def test_overlapping_rigs_close_the_folders_only_when_the_last_one_leaves(tmp_path):
     from tests.rigs.workshop import reachable_by_all
 
@@ -402,6 +475,15 @@ def test_workshop_check_passes_on_the_good_rig_in_seconds(rig):
     # No hub runs on this rig: the check says so with the fix, and skips the spawn.
     assert lines["hub"].status == "FAIL" and "jupyterhub -f" in lines["hub"].fix
     assert lines["a learner spawns"].status == "SKIP"
+    # The rig fences nothing (no cgroups in a container, no slurmdbd): each gap is named.
+    fence = lines["fencing and limits"]
+    print(fence.text())
+    assert fence.status == "FAIL" and "TaskPlugin=task/none" in fence.detail, fence
+    assert "ProctrackType=proctrack/linuxproc" in fence.detail
+    assert "ConstrainDevices=yes" in fence.detail and "partition QoS=N/A" in fence.detail
+    assert "slurm-workshop.conf" in fence.fix and str(rig.slurm.conf) in fence.fix
+    if shutil.which("bwrap"):
+        assert lines["grading sandbox"].status == "PASS", lines["grading sandbox"]
     assert took < 60, took  # bounded: every Slurm call has its timeout
 
 
@@ -801,6 +883,42 @@ def test_a_learner_cannot_reach_anothers_torch_store_once_the_firewall_is_loaded
             owner.wait()
 
 
+def test_a_hub_given_a_tls_pair_serves_https_and_the_check_trusts_it_only_once_told(
+        rig, tmp_path, monkeypatch):
+    """``[hub] ssl_cert``/``ssl_key``: the real hub (in host b's namespace) serves its login
+    over https with the pair; ``course workshop check`` passes TLS, and its hub check names a
+    certificate this host does not trust (a self-signed one) until told of it."""
+    import secrets
+
+    from tests.rigs.common import RigUnavailable, unavailable
+    from tests.rigs.hub import proxy_command, running_hub
+
+    try:
+        proxy_command()
+    except RigUnavailable as exc:
+        unavailable(str(exc))
+    b = rig.hosts.host("b")
+    cert, key = _tls_pair(tmp_path, b.address)
+    ws = rig.workshop(hub={"host": "rig-b", "ssl_cert": str(cert), "ssl_key": str(key)})
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    (state / "check-token").write_text(secrets.token_hex(32))
+    config = tmp_path / "jupyterhub_config.py"
+    config.write_text(render.hub_config(ws, tmp_path / "p.toml", tmp_path / "release", state))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # this host trusts the pair's certificate
+    with running_hub(config, b.netns, ws.hub_url, tmp_path / "hub.log"):
+        trusted = check.check_hub(ws)
+        monkeypatch.delenv("SSL_CERT_FILE")
+        untrusted = check.check_hub(ws)
+    from course_utils.workshop.check_setup import check_tls
+
+    print(trusted.text(), untrusted.text(), sep="\n")
+    assert trusted.status == "PASS" and f"at https://{b.address}:8000" in trusted.detail
+    assert untrusted.status == "FAIL" and "does not trust" in untrusted.detail, untrusted
+    assert "SSL_CERT_FILE" in untrusted.fix and b.address in untrusted.fix
+    assert check_tls(ws).status == "PASS"
+
+
 # ---- the hub: real JupyterHub, learners through its REST API ---------------------------------
 @pytest.fixture(scope="module")
 def running(rig):
@@ -855,14 +973,17 @@ def test_workshop_check_passes_with_the_hub_and_a_test_learner_spawns(rig, runni
     # the firewall is loaded where the learners run (the hosts' namespaces), not in this one
     wall = by_name.pop("ports closed to others")
     assert wall.status == "FAIL" and f"nft -f {base / 'out' / 'firewall.nft'}" in wall.fix, wall
-    assert [line.status for line in by_name.values()] == ["PASS"] * 10, said
+    assert by_name.pop("fencing and limits").status == "FAIL"  # no cgroups on the rig: above
+    assert by_name.pop("TLS").status == "WARN"  # this hub serves http (https: its own test)
+    assert [line.status for line in by_name.values()] == ["PASS"] * 11, said
     assert "cannot read" in lines[5].detail and lines[5].name == "sources hidden"
     assert lines[6].name == "course folder closed"  # `course release` closed it
     inside = rig.hosts.run("a", [sys.executable, "-c", FIREWALL_CHECK, str(base / "out"),
                                  *ws.learners], timeout=60).stdout.strip()
     print(inside)
     assert inside.startswith("[PASS] ports closed to others: 5 learners' blocks"), inside
-    assert re.search(r"'s lab was ready in \d+\.\d s \(stopped again\)$", lines[-1].detail)
+    assert re.search(r"'s lab was ready in \d+\.\d s \(stopped again\)$",
+                     lines[-2].detail), lines[-2]
 
 
 def _lesson_run(lab, notebook: Path) -> list[str]:

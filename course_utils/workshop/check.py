@@ -6,9 +6,11 @@ the file says; the partition holds every host; a test learner's ranks (one Slurm
 learner's request) land on every host with distinct GPUs; the first learner has the same uid on
 every host and sees one home from all; that learner can neither read nor
 find the source notebooks, nor read the course folder's sources, gradebook, submissions and
-feedback; this host's firewall closes each learner's ports to the others; the hub answers;
-and, given an admin API token (``--token`` or ``$JUPYTERHUB_API_TOKEN``), a test learner's
-lab spawns through the hub's REST API and is stopped again.
+feedback; this host's firewall closes each learner's ports to the others (and nothing else
+listens in them); Slurm fences each job to its GPUs and a QOS limits each learner; the hub
+answers; its TLS pair is sound (a WARN without one); given an admin API token (``--token`` or
+``$JUPYTERHUB_API_TOKEN``), a test learner's lab spawns through the hub's REST API and is
+stopped again; the grader's sandbox starts here. A WARN names a risk and does not fail.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import json
 import os
 import re
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -28,6 +31,7 @@ from pathlib import Path
 from ..cluster.launchers.slurm import SlurmError, parse_job, run_command
 from .check_as_learner import check_course_folder, check_firewall, check_sources
 from .check_line import Line
+from .check_setup import DEFAULT_SLURM_CONF, check_fencing, check_sandbox, check_tls
 from .plan import Workshop
 from .render import CHECK_TOKEN_FILE
 
@@ -44,10 +48,6 @@ def _records(kind: str) -> dict[str, dict[str, str]]:
         if key in fields:
             out[fields[key]] = fields
     return out
-
-
-#: Where Slurm's clients look for their configuration when ``SLURM_CONF`` is not set.
-DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
 
 
 def check_slurm(ws: Workshop) -> Line:
@@ -240,6 +240,12 @@ def check_hub(ws: Workshop) -> Line:
     try:
         code, body = _hub(ws, "")
     except OSError as exc:
+        if isinstance(getattr(exc, "reason", exc), ssl.SSLCertVerificationError):
+            return Line("hub", "FAIL", f"{ws.hub_url} answers with a certificate this host does "
+                        f"not trust ({exc.reason.verify_message})",  # type: ignore[attr-defined]
+                        f"use a certificate for {ws.hub.address} from a CA the learners' "
+                        "browsers and this host trust (your own CA: add it to the system's, or "
+                        "SSL_CERT_FILE=<ca.pem> for this check)")
         return Line("hub", "FAIL", f"{ws.hub_url} does not answer ({exc})",
                     f"start it on {ws.hub.name}: jupyterhub -f <out>/jupyterhub_config.py")
     if code != 200 or "version" not in body:
@@ -282,10 +288,11 @@ def check_spawn(ws: Workshop, token: str, user: str | None = None,
 
 CHECKS: tuple[Callable[[Workshop], Line], ...] = (
     check_slurm, check_nodes, check_gres, check_partition, check_learner_ranks,
-    check_same_users, check_hub)
+    check_same_users, check_fencing, check_hub)
 NAMES = {check_slurm: "slurm", check_nodes: "nodes", check_gres: "gres",
          check_partition: "partition", check_learner_ranks: "a learner's ranks",
-         check_same_users: "same users, shared homes", check_hub: "hub"}
+         check_same_users: "same users, shared homes", check_fencing: "fencing and limits",
+         check_hub: "hub"}
 
 
 def _one_line(text: str) -> str:
@@ -297,9 +304,10 @@ def _one_line(text: str) -> str:
 
 
 def summary(lines: list[Line]) -> str:
-    counts = {s: sum(1 for line in lines if line.status == s) for s in ("PASS", "SKIP", "FAIL")}
-    return (f"{counts['PASS']} passed, {counts['SKIP']} skipped, {counts['FAIL']} failed "
-            f"(of {len(lines)} checks)")
+    counts = {s: sum(1 for line in lines if line.status == s)
+              for s in ("PASS", "WARN", "SKIP", "FAIL")}
+    return (f"{counts['PASS']} passed, {counts['WARN']} warned, {counts['SKIP']} skipped, "
+            f"{counts['FAIL']} failed (of {len(lines)} checks)")
 
 
 def find_token(out: str | os.PathLike[str]) -> str:
@@ -338,10 +346,14 @@ def run_checks(ws: Workshop, token: str | None = None, emit: Callable[[str], Non
                     w, learner_env.parent if learner_env else None), ws))
                 emit(lines[-1].text())
     hub_ok = lines[-1].status == "PASS"
+    lines.append(_guarded("TLS", check_tls, ws))
+    emit(lines[-1].text())
     spawn = (_guarded("a learner spawns", lambda w: check_spawn(w, token), ws) if hub_ok
              else Line("a learner spawns", "SKIP", "the hub does not answer"))
     lines.append(spawn)
     emit(spawn.text())
+    lines.append(_guarded("grading sandbox", check_sandbox, ws))
+    emit(lines[-1].text())
     return lines
 
 

@@ -1,4 +1,4 @@
-"""One line of ``course workshop check``: a check's name, PASS/FAIL/SKIP, what it saw and
+"""One line of ``course workshop check``: a check's name, PASS/FAIL/WARN/SKIP, what it saw and
 the fix."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Line:
     name: str
-    status: str        # PASS, FAIL or SKIP
+    status: str        # PASS, FAIL, WARN (a risk the instructor may accept) or SKIP
     detail: str
     fix: str = ""
 
     def text(self) -> str:
         out = f"[{self.status}] {self.name}: {self.detail}"
-        return out + (f" -> fix: {self.fix}" if self.status == "FAIL" and self.fix else "")
+        shown = self.status in ("FAIL", "WARN") and self.fix
+        return out + (f" -> fix: {self.fix}" if shown else "")

@@ -12,6 +12,8 @@ An instructor writes one TOML file (``workshops/example.toml`` is a commented co
     [hub]
     host = "gpu1"                   # the host the hub and the learners' labs run on
     port = 8000
+    ssl_cert = "/etc/ssl/hub.pem"   # optional, with ssl_key: the hub serves https
+    ssl_key = "/etc/ssl/private/hub.key"
 
     [[hosts]]
     name = "gpu1"                   # the Slurm node name (its short host name)
@@ -28,6 +30,7 @@ notebook: this is the instructor's side of ``docs/instructor.md`` "A workshop on
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -80,6 +83,8 @@ class Workshop:
     hub_port: int = 8000
     instructor: str = ""
     path: str = ""
+    ssl_cert: str = ""          # [hub] ssl_cert/ssl_key: the hub serves https with this pair
+    ssl_key: str = ""
 
     @property
     def shared(self) -> bool:
@@ -91,7 +96,8 @@ class Workshop:
 
     @property
     def hub_url(self) -> str:
-        return f"http://{self.hub.address}:{self.hub_port}"
+        scheme = "https" if self.ssl_cert else "http"
+        return f"{scheme}://{self.hub.address}:{self.hub_port}"
 
     def slots_per_host(self, host: WorkshopHost) -> int:
         """How many learners' ranks fit on ``host`` at once."""
@@ -177,8 +183,26 @@ def _learners(value: Any) -> tuple[str, ...]:
                         "give a count (learners = 12) or a list of user names")
 
 
+#: The keys of the file's top level and of its ``[hub]`` table (``[[hosts]]``: :func:`_host`).
+TOP_KEYS = {"learners", "gpus_per_learner", "shards_per_gpu", "partition", "reservation",
+            "time", "interface", "slurm_conf", "instructor", "hub", "hosts"}
+HUB_KEYS = {"host", "port", "lab_start_timeout", "ssl_cert", "ssl_key"}
+
+
+def _known(table: Any, allowed: set[str], where: str) -> None:
+    """A misspelt key would be ignored (and its setting lost): name it instead."""
+    if not isinstance(table, dict):
+        raise WorkshopError(f"{where} is not a table", f"write {where} as a TOML table")
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise WorkshopError(f"{where}: unknown key(s) {unknown}",
+                            f"{where} has {', '.join(sorted(allowed))}")
+
+
 def workshop_from_dict(data: dict[str, Any], path: str = "") -> Workshop:
     """A :class:`Workshop` from the parsed file; every mistake a :class:`WorkshopError`."""
+    _known(data, TOP_KEYS, "the workshop file")
+    _known(data.get("hub", {}), HUB_KEYS, "[hub]")
     hosts = tuple(_host(e, i) for i, e in enumerate(data.get("hosts", [])))
     if len(hosts) < 1:
         raise WorkshopError("the file names no [[hosts]]", "add a [[hosts]] table per GPU host")
@@ -199,6 +223,11 @@ def workshop_from_dict(data: dict[str, Any], path: str = "") -> Workshop:
     if hub_host not in {h.name for h in hosts}:
         raise WorkshopError(f"[hub] host {hub_host!r} is not one of the [[hosts]]",
                             f"name one of {[h.name for h in hosts]}")
+    cert, key = (str(hub.get(k, "")) for k in ("ssl_cert", "ssl_key"))
+    if bool(cert) != bool(key) or not all(os.path.isabs(p) for p in (cert, key) if p):
+        raise WorkshopError("[hub] needs both ssl_cert and ssl_key, as absolute paths, or "
+                            "neither", "name the certificate and its key, e.g. ssl_cert = "
+                            "\"/etc/ssl/hub.pem\" and ssl_key = \"/etc/ssl/private/hub.key\"")
     time = str(data.get("time", "04:00:00"))
     if not _SLURM_TIME.match(time):
         raise WorkshopError(f"`time` {time!r} is not a Slurm time",
@@ -210,7 +239,8 @@ def workshop_from_dict(data: dict[str, Any], path: str = "") -> Workshop:
                   slurm_conf=str(data.get("slurm_conf", "")), hub_host=hub_host,
                   lab_start_timeout=_positive(hub, "lab_start_timeout", "[hub]", 120),
                   hub_port=_positive(hub, "port", "[hub]", 8000),
-                  instructor=str(data.get("instructor", "")), path=path)
+                  instructor=str(data.get("instructor", "")), path=path,
+                  ssl_cert=cert, ssl_key=key)
     too_small = [h.name for h in hosts if ws.slots_per_host(h) < 1]
     if too_small:
         raise WorkshopError(f"hosts {too_small} have fewer GPUs than one learner needs "
