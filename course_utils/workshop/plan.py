@@ -196,7 +196,7 @@ def _known(table: Any, allowed: set[str], where: str) -> None:
     unknown = sorted(set(table) - allowed)
     if unknown:
         raise WorkshopError(f"{where}: unknown key(s) {unknown}",
-                            f"{where} has {', '.join(sorted(allowed))}")
+                            f"spell each key as one of: {', '.join(sorted(allowed))}")
 
 
 def workshop_from_dict(data: dict[str, Any], path: str = "") -> Workshop:
