@@ -72,7 +72,7 @@ def test_the_example_file_reads_and_says_how_many_learners_fit():
     ({"learners": 2, "hosts": _hosts(1), "gpu_per_learner": 2},
      "the workshop file: unknown key(s) ['gpu_per_learner']", "gpus_per_learner"),
     ({"learners": 2, "hosts": _hosts(1), "hub": {"ssl_certificate": "/x.pem"}},
-     "[hub]: unknown key(s) ['ssl_certificate']", "one of: host, lab_start_timeout, port"),
+     "[hub]: unknown key(s) ['ssl_certificate']", "one of: host, lab_start_timeout, max_processes"),
     ({"learners": 2, "hosts": _hosts(1), "hub": "gpu1"}, "[hub] is not a table", "TOML table"),
     ({"learners": 2, "hosts": _hosts(1), "hub": {"ssl_cert": "/etc/ssl/hub.pem"}},
      "needs both ssl_cert and ssl_key", "ssl_key = "),
@@ -180,7 +180,8 @@ def test_course_workshop_writes_slurm_gres_profile_and_a_hub_config_that_loads(t
     assert callable(c.Spawner.pre_spawn_hook)
     # The labs run in the learners' environment: the course's code, none of the source.
     env = out / "learner-env"
-    assert c.Spawner.cmd == [str(env / "bin" / "python"), "-m", "jupyterhub.singleuser"]
+    assert c.Spawner.cmd[1:] == ["--nproc=4096", "--", str(env / "bin" / "python"), "-m",
+                                 "jupyterhub.singleuser"] and c.Spawner.cmd[0].endswith("prlimit")
     assert c.Spawner.environment["PATH"].startswith(f"{env / 'bin'}:")
     # ... with JupyterLab in it (without these the hub's /user/<name>/lab is a 404), and the
     # learner's page config (nbgrader's instructor tools hidden, as in `course lab`)
@@ -1109,6 +1110,13 @@ def test_four_learners_at_once_hold_both_hosts_gpus_while_one_runs_unit0(rig, ru
     print(f"while A's collective hung, B's all_reduce took {b_took:.1f} s; A got "
           f"{report['hang'][0].strip()}")
     assert "HUNG ClusterTimeout" in report["hang"][0], report["hang"]
+    # A fork bomb in B's lab stops at B's process limit (the hub's prlimit), and B's own
+    # cluster still answers after it.
+    bomb, err = labs[1].run(FORK_BOMB)
+    print(bomb.strip())
+    assert re.search(r"^NPROC 300 forked \d+ then BlockingIOError", bomb, re.M), (bomb, err)
+    out, err = labs[1].run(ALL_REDUCE)
+    assert out.count("SUM 3") == 2, (out, err)
     for lab in labs[:4]:
         lab.run("cu.stop()")
 
@@ -1128,6 +1136,33 @@ try:
 except ClusterTimeout:
     print("HUNG ClusterTimeout")
 """
+
+
+#: A learner's fork bomb, in a small child of their kernel (it inherits the lab's limit):
+#: children that sleep until a fork fails, then all killed.
+FORK_BOMB = r'''
+import subprocess, sys
+code = """
+import os, resource, signal, time
+soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+kids, said = [], "no limit reached"
+try:
+    for _ in range(2000):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        kids.append(pid)
+except OSError as exc:
+    said = type(exc).__name__
+for pid in kids:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+print("NPROC", soft, "forked", len(kids), "then", said)
+"""
+print(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                     timeout=120).stdout)
+'''
 
 
 #: The hostile learner's cell after unit 0's set-up (tests/submissions.py's probe start).

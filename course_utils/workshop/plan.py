@@ -14,6 +14,7 @@ An instructor writes one TOML file (``workshops/example.toml`` is a commented co
     port = 8000
     ssl_cert = "/etc/ssl/hub.pem"   # optional, with ssl_key: the hub serves https
     ssl_key = "/etc/ssl/private/hub.key"
+    max_processes = 4096            # a learner's processes and threads per host; 0: no limit
 
     [[hosts]]
     name = "gpu1"                   # the Slurm node name (its short host name)
@@ -79,6 +80,7 @@ class Workshop:
     interface: str = ""
     slurm_conf: str = ""        # set when slurm.conf is not where Slurm looks by itself
     lab_start_timeout: int = 120  # seconds the hub waits for a learner's JupyterLab
+    max_processes: int = 4096   # a learner's processes and threads on a host (0: no limit)
     hub_host: str = ""
     hub_port: int = 8000
     instructor: str = ""
@@ -186,7 +188,7 @@ def _learners(value: Any) -> tuple[str, ...]:
 #: The keys of the file's top level and of its ``[hub]`` table (``[[hosts]]``: :func:`_host`).
 TOP_KEYS = {"learners", "gpus_per_learner", "shards_per_gpu", "partition", "reservation",
             "time", "interface", "slurm_conf", "instructor", "hub", "hosts"}
-HUB_KEYS = {"host", "port", "lab_start_timeout", "ssl_cert", "ssl_key"}
+HUB_KEYS = {"host", "port", "lab_start_timeout", "ssl_cert", "ssl_key", "max_processes"}
 
 
 def _known(table: Any, allowed: set[str], where: str) -> None:
@@ -238,6 +240,7 @@ def workshop_from_dict(data: dict[str, Any], path: str = "") -> Workshop:
                   interface=str(data.get("interface", "")),
                   slurm_conf=str(data.get("slurm_conf", "")), hub_host=hub_host,
                   lab_start_timeout=_positive(hub, "lab_start_timeout", "[hub]", 120),
+                  max_processes=_positive(hub, "max_processes", "[hub]", 4096),
                   hub_port=_positive(hub, "port", "[hub]", 8000),
                   instructor=str(data.get("instructor", "")), path=path,
                   ssl_cert=cert, ssl_key=key)

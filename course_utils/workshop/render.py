@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -110,6 +111,16 @@ def learner_profile(ws: Workshop) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lab_command(ws: Workshop, python: str) -> list[str]:
+    """The command of a learner's lab: JupyterHub's single-user server under ``prlimit``
+    (util-linux) when the workshop caps a learner's processes."""
+    lab = [str(python), "-m", "jupyterhub.singleuser"]
+    if not ws.max_processes:
+        return lab
+    return [shutil.which("prlimit") or "/usr/bin/prlimit", f"--nproc={ws.max_processes}", "--",
+            *lab]
+
+
 def hub_config(ws: Workshop, profile: Path, release: Path, state: Path,
                python: str = sys.executable) -> str:
     """``jupyterhub_config.py``: the hub on the hub host's workshop address, everything else on
@@ -139,7 +150,10 @@ def hub_config(ws: Workshop, profile: Path, release: Path, state: Path,
         f"c.Authenticator.allowed_users = {sorted(ws.learners)!r}",
         f"c.Authenticator.admin_users = {sorted(admins)!r}",
         'c.JupyterHub.spawner_class = "localprocess"',
-        f"c.Spawner.cmd = [{json.dumps(str(python))}, '-m', 'jupyterhub.singleuser']",
+        "# prlimit: RLIMIT_NPROC caps the learner's processes and threads on this host (a fork",
+        "# bomb stops there); their kernels inherit it, and their Slurm jobs (Slurm propagates",
+        "# a submitter's limits by default)",
+        f"c.Spawner.cmd = {lab_command(ws, python)!r}",
         'c.Spawner.default_url = "/lab"',
         f"c.Spawner.args = {list(QUIET_ARGS)!r}  # no news question, no update check",
         'c.Spawner.notebook_dir = "~/course"',

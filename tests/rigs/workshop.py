@@ -148,7 +148,9 @@ class WorkshopRig:
         """The workshop file that describes this rig (``overrides`` change it)."""
         data: dict = {"learners": self.learners, "partition": self.slurm.partition,
                       "time": "10", "slurm_conf": str(self.slurm.conf),
-                      "hub": {"lab_start_timeout": 400},  # 2 shared cores: generous
+                      # 2 shared cores: a generous start; few processes each, so that a
+                      # test can reach the limit
+                      "hub": {"lab_start_timeout": 400, "max_processes": 300},
                       "hosts": [
                           {"name": n, "address": a, "gpus": GPUS_PER_HOST}
                           for n, (_, a) in self.slurm.nodes.items()]}
