@@ -9,6 +9,7 @@ import json
 import os
 import pwd
 import re
+import shlex
 import shutil
 import socket
 import stat
@@ -921,17 +922,55 @@ def test_a_hub_given_a_tls_pair_serves_https_and_the_check_trusts_it_only_once_t
 
 
 # ---- the hub: real JupyterHub, learners through its REST API ---------------------------------
+GUIDE = Path(__file__).parents[1] / "docs" / "instructor.md"
+
+
+def runbook() -> list[str]:
+    """The commands of the guide's "The day in commands" block, in order, comments dropped."""
+    after = GUIDE.read_text().split("**The day in commands.**", 1)[1]
+    block = after.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_guides_runbook_lists_the_days_commands_that_course_parses():
+    from course_utils.cli import build_parser
+
+    steps = runbook()
+    print("\n".join(steps))
+    assert [s.split()[:2] for s in steps] == [
+        ["course", "release"], ["course", "workshop"], ["nft", "-f"], ["jupyterhub", "-f"],
+        ["course", "workshop"], ["course", "workshop"], ["course", "grade"]]
+    for step in steps:
+        if step.startswith("course "):
+            build_parser().parse_args(shlex.split(step)[1:])  # exits on a wrong option
+
+
+def _run_step(step: str, cwd: Path) -> str:
+    """One runbook line as an instructor types it, `course` being this environment's."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    done = subprocess.run(shlex.split(step), cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    return done.stdout + done.stderr
+
+
+def _check_lines(out: str) -> list[check.Line]:
+    """`course workshop check`'s printed lines, back as Line objects."""
+    found = re.findall(r"^\[(PASS|FAIL|WARN|SKIP)\] ([^:]+): (.*?)(?: -> fix: (.*))?$", out,
+                       re.MULTILINE)
+    return [check.Line(name, status, detail, fix) for status, name, detail, fix in found]
+
+
+
 @pytest.fixture(scope="module")
 def running(rig):
     """The hub of `course workshop`'s config, in host a's namespace, the learners' release
     being unit 0's student version, the checkout's notebooks closed to others as an
     instructor's are; yields (workshop, the check service's token, the folder of both)."""
-    from course_utils.assignments.release import release
     from course_utils.workshop.learner_env import source_places
     from tests.rigs.common import RigUnavailable, unavailable
     from tests.rigs.hub import proxy_command, running_hub
     from tests.rigs.twohosts import IFNAME
-    from tests.rigs.workshop import closed_to_others
+    from tests.rigs.workshop import closed_to_others, toml_text
 
     try:
         proxy_command()  # installs it from npm where allowed
@@ -940,14 +979,19 @@ def running(rig):
     # Not under pytest's tmp folders (0700): the learners read their profile from here.
     base = Path(tempfile.mkdtemp(prefix="course-workshop-"))
     base.chmod(0o755)
-    release(base / "course", units=[0])
-    ws = rig.workshop(interface=IFNAME)
-    written = render.write_workshop(ws, base / "out", base / "course" / "release")
+    (base / "workshop.toml").write_text(toml_text(rig.workshop_data(interface=IFNAME)))
+    release_step, workshop_step, nft_step, hub_step = runbook()[:4]
+    said = _run_step(release_step, base)  # the guide's commands, as they stand
+    assert (base / "course" / "release" / "unit0").is_dir(), said
+    said = _run_step(workshop_step, base)
+    assert (base / "workshop" / "jupyterhub_config.py").is_file(), said
+    ws = load_workshop(base / "workshop.toml")
     netns = rig.hosts.host("a").netns
+    nft_file, hub_config = (base / shlex.split(s)[2] for s in (nft_step, hub_step))
     try:
-        with (closed_to_others(source_places()), firewall_loaded(rig, written["firewall.nft"]),
-              running_hub(written["jupyterhub_config.py"], netns, ws.hub_url, base / "hub.log")):
-            yield ws, check.find_token(base / "out"), base
+        with (closed_to_others(source_places()), firewall_loaded(rig, nft_file),
+              running_hub(hub_config, netns, ws.hub_url, base / "hub.log")):
+            yield ws, check.find_token(base / "workshop"), base
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -966,20 +1010,21 @@ print(check_firewall(ws, Path(sys.argv[1])).text())
 
 def test_workshop_check_passes_with_the_hub_and_a_test_learner_spawns(rig, running):
     ws, token, base = running
-    said: list[str] = []
-    lines = check.run_checks(ws, token=token, emit=said.append,
-                             learner_env=base / "out" / "learner-env", course=base / "course")
-    print("\n".join(said))
+    said = _run_step(runbook()[4], base)  # the guide's `course workshop check ...`
+    print(said)
+    lines = _check_lines(said)
+    assert said.rstrip().endswith(f"failed (of {len(lines)} checks)"), said
     by_name = {line.name: line for line in lines}
     # the firewall is loaded where the learners run (the hosts' namespaces), not in this one
     wall = by_name.pop("ports closed to others")
-    assert wall.status == "FAIL" and f"nft -f {base / 'out' / 'firewall.nft'}" in wall.fix, wall
+    nft = f"nft -f {base / 'workshop' / 'firewall.nft'}"
+    assert wall.status == "FAIL" and nft in wall.fix, wall
     assert by_name.pop("fencing and limits").status == "FAIL"  # no cgroups on the rig: above
     assert by_name.pop("TLS").status == "WARN"  # this hub serves http (https: its own test)
     assert [line.status for line in by_name.values()] == ["PASS"] * 11, said
     assert "cannot read" in lines[5].detail and lines[5].name == "sources hidden"
     assert lines[6].name == "course folder closed"  # `course release` closed it
-    inside = rig.hosts.run("a", [sys.executable, "-c", FIREWALL_CHECK, str(base / "out"),
+    inside = rig.hosts.run("a", [sys.executable, "-c", FIREWALL_CHECK, str(base / "workshop"),
                                  *ws.learners], timeout=60).stdout.strip()
     print(inside)
     assert inside.startswith("[PASS] ports closed to others: 5 learners' blocks"), inside
@@ -1211,11 +1256,18 @@ def test_the_instructor_collects_every_learners_unit0_and_grades_it_sandboxed_in
         if nb is not None:
             lab.save(f"unit0/{unit0}", nb)
     assert ann_copy.stat().st_uid == pwd.getpwnam(ann).pw_uid  # written by ann's own lab
-    got = collect_work(rig.workshop(learners=rig.learners[:4], interface=IFNAME), course, [0])
+    from course_utils.cli import build_parser
+
+    collect, graded = (build_parser().parse_args(shlex.split(s)[1:]) for s in runbook()[5:7])
+    assert (collect.file, collect.rest, collect.unit) == ("collect", ["workshop.toml"], [0])
+    assert (base / collect.course).resolve() == course == (base / graded.submissions).resolve()
+    got = collect_work(rig.workshop(learners=rig.learners[:4], interface=IFNAME), course,
+                       collect.unit)
     print(got.table())
     assert sorted(got.notebooks) == sorted(hand_in) and got.missing == []
     t0 = time.monotonic()
-    res = grade(course, course=course, units=[0], jobs=2, sandbox=True, cell_timeout=180)
+    res = grade(course, course=course, units=graded.unit, jobs=graded.jobs, sandbox=True,
+                cell_timeout=180)
     took = time.monotonic() - t0
     print(res.table())
     print(f"course grade --jobs 2 --sandbox: {len(res.notebooks)} notebooks in {took:.1f} s")

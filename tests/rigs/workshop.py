@@ -146,6 +146,10 @@ class WorkshopRig:
 
     def workshop(self, **overrides: object) -> Workshop:
         """The workshop file that describes this rig (``overrides`` change it)."""
+        return workshop_from_dict(self.workshop_data(**overrides))
+
+    def workshop_data(self, **overrides: object) -> dict:
+        """:meth:`workshop`'s file as data (:func:`toml_text` writes it out)."""
         data: dict = {"learners": self.learners, "partition": self.slurm.partition,
                       "time": "10", "slurm_conf": str(self.slurm.conf),
                       # 2 shared cores: a generous start; few processes each, so that a
@@ -155,7 +159,7 @@ class WorkshopRig:
                           {"name": n, "address": a, "gpus": GPUS_PER_HOST}
                           for n, (_, a) in self.slurm.nodes.items()]}
         data.update(overrides)
-        return workshop_from_dict(data)
+        return data
 
     def submit_as(self, user: str, ws: Workshop, seconds: int = 300,
                   name: str = "learner-engines") -> str:
@@ -204,6 +208,19 @@ class WorkshopRig:
             if time.monotonic() > deadline:
                 raise RigError(f"Slurm still holds jobs {timeout:g} s after scancel:\n{left}")
             time.sleep(0.3)
+
+
+def toml_text(data: dict) -> str:
+    """A workshop file's data as TOML: keys of plain values, then ``[hub]``, then each
+    ``[[hosts]]`` (the shapes a workshop file has)."""
+    def line(key: str, value: object) -> str:
+        return f"{key} = {json.dumps(value)}"  # JSON's strings, ints and lists are TOML's
+
+    plain = [line(k, v) for k, v in data.items() if not isinstance(v, dict) and k != "hosts"]
+    hub = ["", "[hub]", *(line(k, v) for k, v in data.get("hub", {}).items())]
+    hosts = [text for h in data.get("hosts", [])
+             for text in ("", "[[hosts]]", *(line(k, v) for k, v in h.items()))]
+    return "\n".join([*plain, *hub, *hosts]) + "\n"
 
 
 @contextlib.contextmanager
