@@ -4,7 +4,8 @@ for that notebook (``conftest.py`` loads it; ``docs/testing.md`` shows how to ru
 **The mistakes catalogue** (:mod:`.catalogue`, entries in :mod:`.entries`): each typical learner
 mistake (``tests/mistakes/u*.py``, format in ``tests/mistakes/README.md``), planted in its
 solution cell, must fail the graded test aimed at it, with a message naming the fix, within
-``WITHIN_S`` seconds, while no earlier graded test fails. The same kernel also runs **the
+``WITHIN_S`` seconds (where it took longer: within 1.5 times the right answer's run, timed
+then), while no earlier graded test fails. The same kernel also runs **the
 student version of every exercise** (``stub_NN_<grade_id>``): the released stub in place of the
 solution, then the released (visible only) tests of its exercise, each of which must fail with
 a message; what the solution had bound is removed first, so a stub's test cannot pass on its
