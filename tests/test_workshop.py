@@ -342,7 +342,8 @@ def test_a_service_listening_in_a_learners_block_is_named_with_the_span_to_leave
     """The firewall refuses a block's ports to all but its learner: any other listener there (a
     Slurm daemon did, in this suite's rig) breaks for everyone. A real socket, read back from
     /proc/net/tcp as the check reads it."""
-    from course_utils.workshop.check_as_learner import _tcp_tables, block_squatters
+    from course_utils.cluster.kernel.exposure import listening_table
+    from course_utils.workshop.check_as_learner import block_squatters
 
     ws = workshop_from_dict({"learners": ["nobody-x", "nobody-y"],
                              "hosts": [{"name": "x", "address": "10.0.0.1", "gpus": 1}]})
@@ -356,12 +357,13 @@ def test_a_service_listening_in_a_learners_block_is_named_with_the_span_to_leave
                 continue
             sock.listen()
             break
-        found = block_squatters(ws, _tcp_tables())
+        found = block_squatters(ws, listening_table())
     print(found)
     assert f"port {port} of nobody-y's block is held by uid {os.getuid()}" in found
-    assert block_squatters(ws, "  sl  local_address rem_address   st\n") == []
+    assert block_squatters(ws, listening_table("  sl  local_address rem_address   st\n")) == []
     listed = f"   0: 0100007F:{port:04X} 00000000:0000 0A 0:0 00:0 0 {os.getuid()} 0 1"
-    assert block_squatters(ws, listed.replace(" 0A ", " 01 ")) == []  # connected, not listening
+    connected = listening_table(listed.replace(" 0A ", " 01 "))  # connected, not listening
+    assert block_squatters(ws, connected) == []
 
 
 FENCED = {"TaskPlugin": "task/cgroup,task/affinity", "ProctrackType": "proctrack/cgroup",

@@ -238,7 +238,6 @@ def record_sends(fn: Callable[[Any], Any], t: Any) -> list[dict[str, Any]]:
     The one spy on sends of the course's recorders (:func:`engine_record_ring` here,
     :func:`course_utils.torch_dist.record.engine_record_ring_frames` for the ring replay).
     """
-
     flat = t.view(-1)
     base, n, size = flat.data_ptr(), flat.numel(), flat.element_size()
     storage = flat.untyped_storage().data_ptr()

@@ -9,6 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
+from ..cluster.kernel.exposure import listening_table
 from .check_line import Line
 from .learner_env import source_places
 from .plan import Workshop
@@ -126,7 +127,7 @@ def check_firewall(ws: Workshop, out: Path | None) -> Line:
     if missing:
         return Line(name, "FAIL", f"the loaded table lacks the blocks of {missing} (an older "
                     "workshop file?)", "run `course workshop` again, then " + fix)
-    squatters = block_squatters(ws, _tcp_tables())
+    squatters = block_squatters(ws, listening_table())
     if squatters:
         return Line(name, "FAIL", "; ".join(squatters) + ": the firewall refuses those ports to "
                     "everyone but that learner, so that service breaks for all others",
@@ -139,21 +140,10 @@ def _blocks_span(ws: Workshop) -> str:
     return f"{ws.port_block(ws.learners[0])[0]}-{ws.port_block(ws.learners[-1])[1]}"
 
 
-def _tcp_tables() -> str:
-    text = ""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                text += fh.read()
-        except OSError:
-            pass
-    return text
-
-
-def block_squatters(ws: Workshop, tables: str) -> list[str]:
-    """Listening sockets (``tables``: the text of ``/proc/net/tcp{,6}``) on a port of some
-    learner's block whose owner is not that learner: a service the firewall would cut off
-    (seen in the course's own test rig, a Slurm daemon on a random port in a block)."""
+def block_squatters(ws: Workshop, listeners: list[tuple[str, int, int]]) -> list[str]:
+    """Of ``listeners`` (:func:`~course_utils.cluster.kernel.exposure.listening_table`), those
+    on a port of some learner's block whose owner is not that learner: a service the firewall
+    would cut off (seen in the course's own test rig, a Slurm daemon on a port in a block)."""
     import pwd
 
     owners = {}
@@ -163,11 +153,7 @@ def block_squatters(ws: Workshop, tables: str) -> list[str]:
         except KeyError:
             owners[who] = -1
     found = []
-    for line in tables.splitlines():
-        cols = line.split()
-        if len(cols) < 8 or cols[3] != "0A" or ":" not in cols[1]:
-            continue  # the header, or not a listening socket
-        port, uid = int(cols[1].rsplit(":", 1)[1], 16), int(cols[7])
+    for _, port, uid in listeners:
         for who in ws.learners:
             low, high = ws.port_block(who)
             if low <= port <= high and uid != owners[who]:

@@ -64,14 +64,15 @@ def check_fencing(ws: Workshop) -> Line:
         text = run_command(["scontrol", "-o", "show", "partition", ws.partition], timeout=15)
     except SlurmError:  # no such partition: the partition check names it and its fix
         text = ""
-    gaps = fencing_gaps(slurm_config(), cgroup_conf, parse_job(text).fields)
+    partition = parse_job(text).fields
+    gaps = fencing_gaps(slurm_config(), cgroup_conf, partition)
     if gaps:
         return Line(name, "FAIL", "; ".join(gaps),
                     "merge the fencing and QOS lines of <out>/slurm-workshop.conf into "
                     f"{conf} and <out>/cgroup.conf beside it (docs/instructor.md, workshop "
                     "step 2), then restart slurmctld and every slurmd")
     return Line(name, "PASS", f"jobs fenced to their GPUs (task/cgroup, ConstrainDevices), "
-                f"partition {ws.partition} under QOS {parse_job(text).fields.get('QoS')}")
+                f"partition {ws.partition} under QOS {partition.get('QoS')}")
 
 
 def check_sandbox(ws: Workshop) -> Line:

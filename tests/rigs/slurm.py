@@ -56,6 +56,7 @@ from typing import TypeVar
 import pytest
 
 from course_utils import procs
+from course_utils.cluster.kernel.exposure import listening_table
 from tests.rigs.common import (
     RigError,
     RigUnavailable,
@@ -237,15 +238,7 @@ def parse_job_record(line: str) -> tuple[str, str]:
 
 def listening_addresses(port: int) -> list[str]:
     """IPv4/IPv6 addresses (hex as in /proc/net/tcp*) with a socket listening on ``port``."""
-    found = []
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError):
-            for row in Path(table).read_text().splitlines()[1:]:
-                cols = row.split()
-                address, hex_port = cols[1].rsplit(":", 1)
-                if cols[3] == "0A" and int(hex_port, 16) == port:
-                    found.append(address)
-    return found
+    return [address for address, p, _ in listening_table() if p == port]
 
 
 # ---------------------------------------------------------------------------------------------
