@@ -29,6 +29,7 @@ def facts() -> dict:
     import numpy
 
     return {"pid": os.getpid(), "ppid": os.getppid(), "torch": "torch" in sys.modules,
+            "dynamo": "torch._dynamo" in sys.modules,
             "argv": sys.argv[1:], "cluster": os.environ.get("IPP_CLUSTER_ID"),
             "threads": os.environ.get("OMP_NUM_THREADS"),
             "extra": os.environ.get("COURSE_KERNEL_EXTRA"), "draw": numpy.random.rand()}
@@ -57,6 +58,8 @@ def test_engines_are_children_of_one_server_that_imported_torch():
         assert {g["ppid"] for g in got} == {server}
         assert len({g["pid"] for g in got}) == 3 and server not in {g["pid"] for g in got}
         assert all(g["torch"] for g in got)  # imported once, in the server
+        # and what a first optimizer step would import in every engine (about 2 CPU-s each)
+        assert all(g["dynamo"] for g in got)
         # each child has the engine's own arguments, environment and random state
         assert all(g["argv"] == ["--IPEngine.timeout=30"] for g in got)
         assert {g["cluster"] for g in got} == {CID} and got[0]["threads"]

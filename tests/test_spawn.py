@@ -17,12 +17,14 @@ CID = f"pytest-spawn-{os.getpid()}"
 #: What a probe sees on each rank (the names a %%px cell sees on an engine).
 SEEN = """
 import os
+import sys
 import torch.distributed as dist
 
 def seen():
     return {"rank": rank, "world_size": world_size, "local_rank": local_rank, "host": host,
             "group": dist.is_initialized(), "env": os.environ["LOCAL_RANK"],
-            "port": os.environ["MASTER_PORT"], "keys": {0: "int keys survive"}}
+            "port": os.environ["MASTER_PORT"], "keys": {0: "int keys survive"},
+            "dynamo": "torch._dynamo" in sys.modules}
 """
 
 
@@ -46,6 +48,8 @@ def test_each_rank_has_its_entry_of_the_rank_map_and_no_group_when_asked():
     assert [g["env"] for g in got] == ["0", "1", "0", "1"]
     assert not any(g["group"] for g in got) and len({g["port"] for g in got}) == 1
     assert got[0]["keys"] == {0: "int keys survive"}  # results come back as Python objects
+    # what an optimizer's first step imports was imported once, by the launcher, before it forked
+    assert all(g["dynamo"] for g in got)
     assert all(g["group"] for g in spawn("__main__:seen", 2, sources=[SEEN], timeout=90))
 
 

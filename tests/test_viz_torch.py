@@ -144,7 +144,9 @@ def test_cheatsheet_grids_match_each_collectives_definition(cc):
 
 
 def test_sweep_times_grow_with_the_message_and_fit(cc):
-    sizes = [4, 4096, 1 << 20]
+    # 16 MiB, not 1 MiB: on a loaded 2-core machine 4 ranks' 4 B median has taken 4 ms, as
+    # long as 1 MiB did; 16 MiB moves 24 MiB a rank, far above any scheduling delay
+    sizes = [4, 4096, 1 << 24]
     sw = cc.run(record.engine_sweep_all_reduce, sizes, 5, timeout=120)
     assert all(s == sw[0] for s in sw), "every rank reports the slowest rank's times"
     assert sw[0]["sizes"] == sizes and sw[0]["world_size"] == P
