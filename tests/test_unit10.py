@@ -108,6 +108,20 @@ def test_zero1_and_zero2_solutions_pass():
 
 
 @pytest.mark.timeout(400)
+def test_autocast_leaves_the_learners_zero_sending_and_holding_what_fp32_does():
+    memory = "course_utils.torch_dist.sharding:engine_memory"
+    full, half = spawn_several(2, [(memory, {"strategy": "zero1"}),
+                                   (memory, {"strategy": "zero1_bf16"})],
+                               sources=[_cell("ex1a-solution"), _cell("ex1-solution")],
+                               timeout=300)
+    for f, h in zip(full, half, strict=True):
+        assert h["sent"] == f["sent"] > 0  # fp32 gradients: 4-byte reduce-scatter and gather
+        assert (h["params"], h["optimizer"]) == (f["params"], f["optimizer"])
+    table = sharding.memory_table([full[0], half[0]], 2)
+    assert "ZeRO-1 (yours), bf16 autocast" in table
+
+
+@pytest.mark.timeout(400)
 def test_fsdp_solution_passes_on_every_kind_of_layer():
     # 2 ranks (the notebook's test runs 4): the last weight's 5 rows are padded to 6
     res = spawn("engine_check_fsdp", 2, timeout=300, sources=[_cell("ex2-solution")])

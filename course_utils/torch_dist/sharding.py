@@ -167,7 +167,9 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
     gradients);
     ``"zero_torch"`` (``ZeroRedundancyOptimizer`` under DDP); ``"fsdp_hand"`` (the learner's
     ``cls_name``, default ``HandFSDP``); ``"fsdp2"`` (``fully_shard`` per Linear and the root);
-    ``"ddp_bf16"``, ``"fsdp_hand_bf16"``, ``"fsdp2_bf16"`` (their bf16 variants, :data:`BF16`).
+    ``"ddp_bf16"``, ``"fsdp_hand_bf16"``, ``"fsdp2_bf16"`` (their bf16 variants, :data:`BF16`);
+    ``"zero1_bf16"``, ``"zero2_bf16"`` (the learner's classes unchanged, the forward under
+    ``torch.autocast`` in bf16: what autocast alone does to ZeRO's bytes).
     Under DDP the bucket buffers are noted by a communication hook (:func:`watch_buckets`) and
     counted where they are not the gradients themselves. ``"sent"``: the ring bytes this rank
     sends in one more, untimed, step (:class:`CollectiveCounter`; the hook's all_reduce of each
@@ -188,9 +190,13 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
     n_params = sum(p.numel() for p in mlp(width, depth).parameters())
     times = []
 
+    autocast = strategy in ("zero1" + BF16, "zero2" + BF16)
+
     def step(x: Any, y: Any) -> None:
         opt.zero_grad()
-        F.mse_loss(step_model(x.to(dev)), y.to(dev)).backward()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=autocast):
+            loss = F.mse_loss(step_model(x.to(dev)), y.to(dev))
+        loss.backward()
         opt.step()
 
     *timed, last = batches(steps + 2)
@@ -201,7 +207,7 @@ def engine_memory(strategy: str, width: int = 64, depth: int = 4, steps: int = 2
     with CollectiveCounter() as spy:  # one more step, counted; untimed (the counter's gc costs)
         step(*last)
     held = memory_of(model, opt_state(opt, model), buckets.values())
-    if strategy == "zero2":  # its gradient shard (``self.grad``) is gradients, not state
+    if strategy.removesuffix(BF16) == "zero2":  # its gradient shard (``self.grad``): gradients
         moved = tensor_bytes([opt.grad])
         held["grads"] += moved
         held["optimizer"] -= moved
@@ -265,7 +271,7 @@ def _walk(obj: Any, depth: int, found: dict[int, int], skip: set[int], seen: set
 
 
 #: a strategy's name with this suffix: its bf16 variant (DDP: ``bf16_compress_hook``; FSDP,
-#: yours and FSDP2: bf16 compute and gathers, fp32 reductions)
+#: yours and FSDP2: bf16 compute and gathers, fp32 reductions; your ZeRO classes: bf16 autocast)
 BF16 = "_bf16"
 
 
@@ -433,7 +439,9 @@ LABELS = {"ddp": "DDP + Adam", "ddp_view": "DDP, gradient_as_bucket_view",
           "zero1": "ZeRO-1 (your ShardedOptimizer)", "zero2": "ZeRO-2 (your ZeRO2Optimizer)",
           "zero_torch": "ZeroRedundancyOptimizer + DDP", "fsdp_hand": "FSDP (your HandFSDP)",
           "fsdp2": "FSDP2 fully_shard", "ddp_bf16": "DDP, bf16_compress_hook",
-          "fsdp_hand_bf16": "your HandFSDP, bf16/fp32", "fsdp2_bf16": "FSDP2, bf16/fp32 policy"}
+          "fsdp_hand_bf16": "your HandFSDP, bf16/fp32", "fsdp2_bf16": "FSDP2, bf16/fp32 policy",
+          "zero1_bf16": "ZeRO-1 (yours), bf16 autocast",
+          "zero2_bf16": "ZeRO-2 (yours), bf16 autocast"}
 
 
 def fsdp2_model(width: int = 64, depth: int = 4, seed: int = 0,
