@@ -66,6 +66,11 @@ def test_a_name_is_swapped_only_for_a_sibling_already_bound():
     assert "r = left" not in swaps          # left is bound after that line
     assert "left = (rank - 1) % p" in swaps and "left = (r - 1) % world_size" in swaps
     assert not any("% r" in s for s in swaps)  # a rank never stands for a size
+    # an attribute of a role's name (a class that asked its group) swaps the same way
+    cell = "### BEGIN SOLUTION\nn = self.world_size * self.rank\n### END SOLUTION\n"
+    swaps = [m.after for m in mutants(cell, "g", frozenset({"local_rank", "p"}))
+             if m.operator == "name"]
+    assert sorted(swaps) == ["n = p * self.rank", "n = self.world_size * local_rank"]
     assert bound_names("%%px\n%matplotlib inline\nq = 1\n") == {"q"}
     assert bound_names("%%writefile train.py\nq = 1\n") == frozenset()  # a file, not names
 

@@ -5,8 +5,8 @@ NOTEBOOK = "10_sharding_and_memory.ipynb"
 GRADE_ID = "ex1-solution"
 REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
     ("""\
-self.chunk = math.ceil(self.numel / world_size)
-self.start, self.stop = shard_bounds(self.numel, rank, world_size)""",
+self.chunk = math.ceil(self.numel / self.world_size)
+self.start, self.stop = shard_bounds(self.numel, self.rank, self.world_size)""",
      """\
 self.chunk = self.numel
 self.start, self.stop = 0, self.numel"""),

@@ -5,11 +5,11 @@ NOTEBOOK = "10_sharding_and_memory.ipynb"
 GRADE_ID = "ex1-solution"
 REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
     ("""\
-mine = torch.empty(self.chunk)
+mine = self.shard.new_empty(self.chunk)
 dist.reduce_scatter_single(mine, flat, op=dist.ReduceOp.AVG)""",
      """\
 dist.all_reduce(flat)
-mine = flat[self.start:self.start + self.chunk] / world_size"""),
+mine = flat[self.start:self.start + self.chunk] / self.world_size"""),
 ]
 REGION = 1  # step()
 FAILS = "ex1-test"

@@ -5,7 +5,7 @@ NOTEBOOK = "10_sharding_and_memory.ipynb"
 GRADE_ID = "ex1-solution"
 REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
     ("""\
-flat = torch.zeros(self.chunk * world_size)
+flat = self.shard.new_zeros(self.chunk * self.world_size)
 flat[:self.numel] = torch.cat([prm.grad.reshape(-1) for prm in self.params])""",
      """\
 flat = torch.cat([prm.grad.reshape(-1) for prm in self.params])"""),

@@ -6,7 +6,8 @@ GRADE_ID = "ex1b-solution"
 REGION = 2  # step()
 REPLACE = [  # (in the solution, becomes): the mistake as a change of working code
     ("prm.copy_(blocks[:, offset:offset + c].reshape(-1)[:prm.numel()].view_as(prm))",
-     "prm.copy_(full[offset * world_size:offset * world_size + prm.numel()].view_as(prm))"),
+     "prm.copy_(full[offset * self.world_size:offset * self.world_size + prm.numel()]"
+     ".view_as(prm))"),
 ]
 FAILS = "ex1b-test"
 MESSAGE = "column block [offset, offset + c)"

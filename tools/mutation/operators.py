@@ -11,7 +11,8 @@ starts the mutant's id):
                ``all_reduce`` then the own slice, ``broadcast`` -> nothing sent; a
                ``ReduceOp`` becomes another
 ``name``       a rank, size or index name read becomes a sibling bound in scope
-               (``rank`` -> ``local_rank``)
+               (``rank`` -> ``local_rank``); so does an attribute of that name
+               (``self.rank`` -> ``local_rank``, the engine's global a slip reaches for)
 ``constant``   an integer in arithmetic, a comparison, an index or ``range()`` becomes ``c + 1`` and
                ``c - 1``; a name used as an index ``x[i]`` becomes ``x[i + 1]`` and ``x[i - 1]``
                and a name given to ``range()`` becomes ``n + 1`` and ``n - 1``
@@ -215,9 +216,13 @@ def _changes(node: ast.AST, parent: ast.AST | None, bound: frozenset[str], code:
     if isinstance(node, ast.Attribute) and node.attr in REDUCE_OPS and isinstance(
             node.value, ast.Attribute) and node.value.attr == "ReduceOp":
         yield "collective", f"{ast.unparse(node.value)}.{REDUCE_OPS[node.attr]}"
-    if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in ROLE_NAMES:
-        kind = next(group for group in ROLES if node.id in group)
-        for other in sorted((bound & kind) - {node.id}):
+    role_name = node.id if isinstance(node, ast.Name) else (
+        node.attr if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.attr in ROLES[0] | ROLES[1] and not (  # ranks and sizes, not methods
+            isinstance(parent, ast.Call) and parent.func is node) else None)
+    if role_name in ROLE_NAMES and isinstance(getattr(node, "ctx", None), ast.Load):
+        kind = next(group for group in ROLES if role_name in group)
+        for other in sorted((bound & kind) - {role_name}):
             yield "name", other
     if isinstance(node, ast.Constant) and type(node.value) is int and _counted(node, parent):
         yield "constant", str(node.value + 1)
