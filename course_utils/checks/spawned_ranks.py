@@ -22,7 +22,7 @@ from typing import Any
 def main(spec_path: str) -> None:
     """The launcher: fork every rank (before any group exists), wait for them, and say which
     signal ended a rank (gloo aborts a process on some mistakes: that leaves no traceback)."""
-    import torch._dynamo  # noqa: F401  (an optimizer's first step imports it: ~2 CPU-s a rank)
+    import torch._dynamo  # noqa: F401  (a rank's first optimizer imports it: ~2 CPU-s)
     import torch.distributed as dist  # imported once, before the fork
 
     from . import sharding  # noqa: F401  (what the unit 10 probes import: once, here)

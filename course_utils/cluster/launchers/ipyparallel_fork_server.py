@@ -31,7 +31,7 @@ from ..engines.ipyparallel_engine import ENGINE_FILE, preload_names, run_engine
 from . import fork_protocol
 
 #: What the server imports before it forks (the course's engine side is imported as well).
-#: ``torch._dynamo``: a process's first optimizer step or ``DistributedDataParallel`` imports it
+#: ``torch._dynamo``: a process's first torch optimizer or ``DistributedDataParallel`` imports it
 #: (about 2 CPU-seconds), which every engine and every rank of a graded check would pay again.
 PRELOAD = ("torch", "torch._dynamo", "ipyparallel.engine.app", "ipyparallel.engine.kernel")
 #: Seconds a server without children waits for another request before it exits.
