@@ -48,9 +48,40 @@ def test_each_rank_has_its_entry_of_the_rank_map_and_no_group_when_asked():
     assert [g["env"] for g in got] == ["0", "1", "0", "1"]
     assert not any(g["group"] for g in got) and len({g["port"] for g in got}) == 1
     assert got[0]["keys"] == {0: "int keys survive"}  # results come back as Python objects
-    # what an optimizer's first step imports was imported once, by the launcher, before it forked
+    # what an optimizer's first step imports was imported once, before the ranks were forked
     assert all(g["dynamo"] for g in got)
     assert all(g["group"] for g in spawn("__main__:seen", 2, sources=[SEEN], timeout=90))
+
+
+LAUNCHER = """
+import os
+
+from course_utils import procs
+
+def launcher():
+    return os.getppid(), procs.cmdline(procs.parent(os.getppid()))
+"""
+
+
+def test_worlds_started_without_a_cluster_are_forked_by_one_helper_server(monkeypatch):
+    # no cluster in this process: a fork server started for it forks each world's launcher,
+    # so torch is imported once for many checks, not once per world
+    from course_utils.cluster.launchers import fork_client
+
+    fork_client.stop_fork_servers()
+    first = spawn("__main__:launcher", 2, sources=[LAUNCHER], timeout=90)
+    second = spawn("__main__:launcher", 2, sources=[LAUNCHER], timeout=90)
+    assert first[0][0] != second[0][0]  # a launcher per world
+    assert "ipyparallel_fork_server" in " ".join(first[0][1]) and first[0][1] == second[0][1]
+    assert fork_client.own_server_socket() is not None
+    fork_client.stop_fork_servers()
+    # with forking off, the launcher is a fresh python that imports what the ranks need first
+    monkeypatch.setenv(fork_client.ENV_FORK, "0")
+    assert all(g["dynamo"] for g in spawn("__main__:seen", 2, sources=[SEEN], group=False,
+                                          timeout=90))
+    got = spawn("__main__:launcher", 2, sources=[LAUNCHER], timeout=90)
+    assert "ipyparallel_fork_server" not in " ".join(got[0][1])
+    assert fork_client.own_server_socket() is None
 
 
 def test_a_rank_that_raises_is_reported_at_once_with_its_message():

@@ -12,9 +12,10 @@ which is also right with 2 ranks). The checks of units 0-3, 7 and 10 use it.
 Where it runs: :func:`spawn` is called in the kernel. With a cluster it asks rank 0's engine to
 start the world (:func:`engine_spawn`; that engine reads the cells from its own namespace, and
 on a local cluster its fork server, which imported torch already, forks the launcher); with
-``sources`` given and no cluster it starts the world from this process. The launcher and the
-ranks are :mod:`.spawned_ranks`. Nothing is left running: the launcher and every rank it forked
-are killed at the deadline, and waited for.
+``sources`` given and no cluster it starts the world from this process (the launcher forked
+by a fork server started for this process once: a test run of many checks imports torch once,
+not once per world). The launcher and the ranks are :mod:`.spawned_ranks`. Nothing is left
+running: the launcher and every rank it forked are killed at the deadline, and waited for.
 """
 
 from __future__ import annotations
@@ -171,8 +172,9 @@ def _one_world(spec: dict[str, Any], timeout: float, extra_env: dict[str, str]) 
         path.write_bytes(pickle.dumps({**spec, "port": store, "master_port": master}))
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
                "GLOO_SOCKET_IFNAME": loopback_ifname() or "lo", **extra_env}
-        # an engine's own fork server, or the one this kernel's cluster runs: torch imported
-        server = fork_protocol.FORK_SERVER or fork_client.own_server_socket()
+        # an engine's own fork server, or one of this process (its cluster's, else a helper
+        # server started for it): torch imported already
+        server = fork_protocol.FORK_SERVER or fork_client.helper_server_socket()
         target = "course_utils.checks.spawned_ranks"
         with open(Path(tmp) / "launcher.txt", "w") as err:
             proc = fork_protocol.fork_helper(

@@ -17,8 +17,9 @@ the :data:`MOMENTARY` variables, which may show the values of the server's first
 Nothing here listens on the network: the server's socket is a Unix socket in a directory only
 this user can enter. The server lives while the process that started it lives, exits when that
 process stops the cluster (:func:`stop_fork_servers`), and after a minute without a
-child. ``COURSE_ENGINE_FORK=0`` starts every engine as its own ``python`` instead; so does any
-failure to reach a server (a warning in the log says why).
+child. A process without a cluster that starts checks' worlds gets a server of its own for
+them (:func:`helper_server_socket`). ``COURSE_ENGINE_FORK=0`` starts every engine as its own
+``python`` instead; so does any failure to reach a server (a warning in the log says why).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -239,6 +241,23 @@ def own_server_socket() -> str | None:
         for sock in socket_dir().glob(f"*-{os.getpid()}-{key}.sock"):
             return str(sock)
     return None
+
+
+def helper_server_socket() -> str | None:
+    """A fork server for this process's short-lived torch helpers, answering: the one a
+    cluster of this process runs (:func:`own_server_socket`), else one started now with this
+    process's environment (it exits after a minute without a child, or with this process).
+    None when forking is off or no server answers: the caller then starts a fresh ``python``.
+    A process that starts several checks' worlds without a cluster (a test run, a peer's
+    program) imports torch once instead of once per world (about 3 CPU-s each)."""
+    path = own_server_socket()
+    if path or not enabled():
+        return path
+    try:
+        _own_connection(sys.executable, dict(os.environ), os.getcwd()).close()
+    except (OSError, ForkUnavailable):
+        return None
+    return own_server_socket()
 
 
 def stop_fork_servers(cluster_id: str | None = None) -> None:
