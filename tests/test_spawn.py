@@ -5,6 +5,8 @@ they use from other cells), and how a rank that fails, is killed or hangs is rep
 from __future__ import annotations
 
 import os
+import tempfile
+import time
 
 import pytest
 
@@ -63,7 +65,7 @@ def launcher():
 """
 
 
-def test_worlds_started_without_a_cluster_are_forked_by_one_helper_server(monkeypatch):
+def test_worlds_started_without_a_cluster_are_forked_by_one_helper_server(monkeypatch, tmp_path):
     # no cluster in this process: a fork server started for it forks each world's launcher,
     # so torch is imported once for many checks, not once per world
     from course_utils.cluster.launchers import fork_client
@@ -74,6 +76,12 @@ def test_worlds_started_without_a_cluster_are_forked_by_one_helper_server(monkey
     assert first[0][0] != second[0][0]  # a launcher per world
     assert "ipyparallel_fork_server" in " ".join(first[0][1]) and first[0][1] == second[0][1]
     assert fork_client.own_server_socket() is not None
+    # the socket folder follows tempfile's; a server started before a change is still found
+    # (it was not: the next world waited a minute for a socket that was not there)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    t0 = time.monotonic()
+    assert spawn("__main__:launcher", 2, sources=[LAUNCHER], timeout=90)[0][1] == first[0][1]
+    assert time.monotonic() - t0 < 30
     fork_client.stop_fork_servers()
     # with forking off, the launcher is a fresh python that imports what the ranks need first
     monkeypatch.setenv(fork_client.ENV_FORK, "0")

@@ -53,9 +53,11 @@ from . import ipyparallel_fork_server as fork_server
 
 ENV_FORK = ENV_ENGINE_FORK
 _LOCK = threading.Lock()
-#: server key -> the server's process (started by this process), its cluster id and the
-#: moment by which it must answer (the start timeout of the cluster it was started for)
-_SERVERS: dict[str, tuple[subprocess.Popen, str, float]] = {}
+#: server key -> the server's process (started by this process), its cluster id, the
+#: moment by which it must answer (the start timeout of the cluster it was started for) and its
+#: socket (kept: where the socket folder is can change while a process runs, with
+#: ``tempfile.tempdir``)
+_SERVERS: dict[str, tuple[subprocess.Popen, str, float, str]] = {}
 #: keys whose server never answered: their engines are exec'd without asking again
 _BROKEN: set[str] = set()
 
@@ -126,12 +128,12 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
     answer within ``timeout`` s (default ``$COURSE_START_TIMEOUT``): key, socket, process,
     deadline."""
     key = server_key(python, env)
-    path = str(socket_dir() / f"{cluster_tag(python, env)}-{os.getpid()}-{key}.sock")
     if key in _BROKEN:
         raise ForkUnavailable("its fork server did not answer before")
     with _LOCK:
-        proc, _, deadline = _SERVERS.get(key, (None, "", 0.0))
+        proc, _, deadline, path = _SERVERS.get(key, (None, "", 0.0, ""))
         if proc is None or proc.poll() is not None:
+            path = str(socket_dir() / f"{cluster_tag(python, env)}-{os.getpid()}-{key}.sock")
             deadline = time.monotonic() + (settings.start_timeout() if timeout is None
                                            else timeout)
             remove_stale_sockets()
@@ -142,7 +144,7 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
                 proc = subprocess.Popen(
                     [python, "-m", fork_server.MODULE, f"--socket={path}"], env=env, cwd=cwd,
                     stdin=null, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            _SERVERS[key] = (proc, env.get("IPP_CLUSTER_ID", ""), deadline)
+            _SERVERS[key] = (proc, env.get("IPP_CLUSTER_ID", ""), deadline, path)
     return key, path, proc, deadline
 
 
@@ -236,11 +238,8 @@ def own_server_socket() -> str | None:
     helper that needs a short-lived torch process of its own asks it to fork one
     (:func:`course_utils.checks.spawn.spawn` with ``sources``, as the tests do)."""
     with _LOCK:
-        alive = [k for k, (p, _, _) in _SERVERS.items() if p.poll() is None]
-    for key in alive:
-        for sock in socket_dir().glob(f"*-{os.getpid()}-{key}.sock"):
-            return str(sock)
-    return None
+        alive = [path for p, _, _, path in _SERVERS.values() if p.poll() is None]
+    return next((path for path in alive if os.path.exists(path)), None)
 
 
 def helper_server_socket() -> str | None:
@@ -264,7 +263,7 @@ def stop_fork_servers(cluster_id: str | None = None) -> None:
     """End the servers this process started (those for ``cluster_id`` only, if given). Their
     engines are stopped separately (an engine outlives its server)."""
     with _LOCK:
-        keys = [k for k, (_, cid, _) in _SERVERS.items() if cluster_id in (None, cid)]
+        keys = [k for k, (_, cid, _, _) in _SERVERS.items() if cluster_id in (None, cid)]
         procs = [_SERVERS.pop(k)[0] for k in keys]
     for p in procs:
         with contextlib.suppress(OSError):
