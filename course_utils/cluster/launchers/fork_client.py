@@ -234,12 +234,13 @@ def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str
 
 
 def own_server_socket() -> str | None:
-    """The socket of a running fork server this process started (any cluster's), or None: a
-    helper that needs a short-lived torch process of its own asks it to fork one
-    (:func:`course_utils.checks.spawn.spawn` with ``sources``, as the tests do)."""
-    with _LOCK:
-        alive = [path for p, _, _, path in _SERVERS.values() if p.poll() is None]
-    return next((path for path in alive if os.path.exists(path)), None)
+    """The socket of a running fork server this process started (a cluster's first, else a
+    helper server's), or None: a helper that needs a short-lived torch process of its own asks
+    it to fork one (:func:`course_utils.checks.spawn.spawn`)."""
+    with _LOCK:  # a cluster's server first, then one started for helpers alone
+        alive = sorted((not cid, path) for p, cid, _, path in _SERVERS.values()
+                       if p.poll() is None)
+    return next((path for _, path in alive if os.path.exists(path)), None)
 
 
 def helper_server_socket() -> str | None:
