@@ -73,7 +73,8 @@ def test_the_example_file_reads_and_says_how_many_learners_fit():
     ({"learners": 2, "hosts": _hosts(1), "gpu_per_learner": 2},
      "the workshop file: unknown key(s) ['gpu_per_learner']", "gpus_per_learner"),
     ({"learners": 2, "hosts": _hosts(1), "hub": {"ssl_certificate": "/x.pem"}},
-     "[hub]: unknown key(s) ['ssl_certificate']", "one of: host, lab_start_timeout, max_processes"),
+     "[hub]: unknown key(s) ['ssl_certificate']",
+     "one of: host, lab_start_timeout, max_memory, max_processes"),
     ({"learners": 2, "hosts": _hosts(1), "hub": "gpu1"}, "[hub] is not a table", "TOML table"),
     ({"learners": 2, "hosts": _hosts(1), "hub": {"ssl_cert": "/etc/ssl/hub.pem"}},
      "needs both ssl_cert and ssl_key", "ssl_key = "),
@@ -1023,7 +1024,10 @@ def test_workshop_check_passes_with_the_hub_and_a_test_learner_spawns(rig, runni
     assert wall.status == "FAIL" and nft in wall.fix, wall
     assert by_name.pop("fencing and limits").status == "FAIL"  # no cgroups on the rig: above
     assert by_name.pop("TLS").status == "WARN"  # this hub serves http (https: its own test)
-    assert [line.status for line in by_name.values()] == ["PASS"] * 11, said
+    assert [line.status for line in by_name.values()] == ["PASS"] * 12, said
+    assert by_name["lab memory"].detail == (  # the rig's [hub] max_memory = "2G"
+        f"each learner's lab and kernels share 2.0 GiB (course-labs/<learner>, "
+        f"memory.limit_in_bytes = {2 << 30})"), by_name["lab memory"]
     assert "cannot read" in lines[5].detail and lines[5].name == "sources hidden"
     assert lines[6].name == "course folder closed"  # `course release` closed it
     inside = rig.hosts.run("a", [sys.executable, "-c", FIREWALL_CHECK, str(base / "workshop"),
@@ -1031,7 +1035,7 @@ def test_workshop_check_passes_with_the_hub_and_a_test_learner_spawns(rig, runni
     print(inside)
     assert inside.startswith("[PASS] ports closed to others: 5 learners' blocks"), inside
     assert re.search(r"'s lab was ready in \d+\.\d s \(stopped again\)$",
-                     lines[-2].detail), lines[-2]
+                     by_name["a learner spawns"].detail), by_name["a learner spawns"]
 
 
 def _lesson_run(lab, notebook: Path) -> list[str]:
@@ -1164,8 +1168,28 @@ def test_four_learners_at_once_hold_both_hosts_gpus_while_one_runs_unit0(rig, ru
     assert re.search(r"^NPROC 300 forked \d+ then BlockingIOError", bomb, re.M), (bomb, err)
     out, err = labs[1].run(ALL_REDUCE)
     assert out.count("SUM 3") == 2, (out, err)
+    # B's lab, kernel and what they start share B's memory group (the hub's [hub] max_memory,
+    # 2G here): a child that takes 3 GiB is ended by the OOM killer there; B's kernel and A's
+    # answer after it.
+    hog, err = labs[1].run(MEMORY_HOG)
+    print(hog.strip())
+    assert re.search(rf"^GROUP /course-labs/{rig.learners[1]} HOG ended by -9$", hog, re.M), (
+        hog, err)
+    out, err = labs[0].run(MEMORY_HOG.replace("3 << 30", "1 << 20"))
+    assert re.search(rf"^GROUP /course-labs/{rig.learners[0]} HOG ended by 0$", out, re.M), (
+        out, err)
     for lab in labs[:4]:
         lab.run("cu.stop()")
+
+
+#: A learner's memory hog, in a child of their kernel: which memory group the kernel is in,
+#: and how the child ended.
+MEMORY_HOG = """
+import os, subprocess, sys
+from course_utils.workshop.lab_limits import group_of
+done = subprocess.run([sys.executable, "-c", "b = b'x' * (3 << 30)"], timeout=120)
+print("GROUP", group_of(os.getpid()), "HOG ended by", done.returncode)
+"""
 
 
 HANG = """

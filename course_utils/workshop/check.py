@@ -10,7 +10,8 @@ feedback; this host's firewall closes each learner's ports to the others (and no
 listens in them); Slurm fences each job to its GPUs and a QOS limits each learner; the hub
 answers; its TLS pair is sound (a WARN without one); given an admin API token (``--token`` or
 ``$JUPYTERHUB_API_TOKEN``), a test learner's lab spawns through the hub's REST API and is
-stopped again; the grader's sandbox starts here. A WARN names a risk and does not fail.
+stopped again; labs can start in a memory cgroup of their learner's; the grader's sandbox
+starts here. A WARN names a risk and does not fail.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ from pathlib import Path
 from ..cluster.launchers.slurm import SlurmError, parse_job, run_command
 from .check_as_learner import check_course_folder, check_firewall, check_sources
 from .check_line import Line
-from .check_setup import DEFAULT_SLURM_CONF, check_fencing, check_sandbox, check_tls
+from .check_setup import (
+    DEFAULT_SLURM_CONF,
+    check_fencing,
+    check_lab_memory,
+    check_sandbox,
+    check_tls,
+)
 from .plan import Workshop
 from .render import CHECK_TOKEN_FILE
 
@@ -352,6 +359,8 @@ def run_checks(ws: Workshop, token: str | None = None, emit: Callable[[str], Non
              else Line("a learner spawns", "SKIP", "the hub does not answer"))
     lines.append(spawn)
     emit(spawn.text())
+    lines.append(_guarded("lab memory", check_lab_memory, ws))
+    emit(lines[-1].text())
     lines.append(_guarded("grading sandbox", check_sandbox, ws))
     emit(lines[-1].text())
     return lines

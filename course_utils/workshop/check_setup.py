@@ -128,3 +128,29 @@ def check_tls(ws: Workshop) -> Line:
     except (ssl.SSLError, OSError) as exc:
         return Line(name, "FAIL", f"{ws.ssl_cert} and {ws.ssl_key} are not a pair ({exc})", fix)
     return Line(name, "PASS", f"the hub serves {ws.hub_url} with {ws.ssl_cert}")
+
+
+def check_lab_memory(ws: Workshop) -> Line:
+    """Each lab starts in a memory cgroup of the learner's (``[hub] max_memory``): the
+    controller is mounted here and this process (root, as the hub) can make such a group."""
+    from .lab_limits import PARENT, memory_controller, prepare_group
+
+    name = "lab memory"
+    if not ws.max_memory:
+        return Line(name, "WARN", "[hub] max_memory = 0: a learner's lab and kernels may take "
+                    "all of this host's memory", 'set [hub] max_memory (e.g. "8G")')
+    found = memory_controller()
+    if found is None:
+        return Line(name, "FAIL", "no cgroup memory controller is mounted under /sys/fs/cgroup",
+                    "mount cgroup v2 with its memory controller (systemd hosts have it), or "
+                    "set [hub] max_memory = 0 and accept the risk")
+    probe = "course-check"
+    try:
+        procs = prepare_group(probe, ws.max_memory)
+        limit = (procs.parent / found[1]).read_text().strip()
+        procs.parent.rmdir()
+    except OSError as exc:
+        return Line(name, "FAIL", f"cannot make a learner's group under {found[0]}: {exc}",
+                    "run the hub and this check as root")
+    return Line(name, "PASS", f"each learner's lab and kernels share {ws.max_memory / 2**30:.1f} "
+                f"GiB ({PARENT}/<learner>, {found[1]} = {limit})")

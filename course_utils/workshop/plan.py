@@ -15,6 +15,7 @@ An instructor writes one TOML file (``workshops/example.toml`` is a commented co
     ssl_cert = "/etc/ssl/hub.pem"   # optional, with ssl_key: the hub serves https
     ssl_key = "/etc/ssl/private/hub.key"
     max_processes = 4096            # a learner's processes and threads per host; 0: no limit
+    max_memory = "8G"               # a learner's lab and kernels together (a cgroup); 0: none
 
     [[hosts]]
     name = "gpu1"                   # the Slurm node name (its short host name)
@@ -81,6 +82,7 @@ class Workshop:
     slurm_conf: str = ""        # set when slurm.conf is not where Slurm looks by itself
     lab_start_timeout: int = 120  # seconds the hub waits for a learner's JupyterLab
     max_processes: int = 4096   # a learner's processes and threads on a host (0: no limit)
+    max_memory: int = 8 << 30   # bytes a learner's lab and kernels hold together (0: no limit)
     hub_host: str = ""
     hub_port: int = 8000
     instructor: str = ""
@@ -146,6 +148,29 @@ def _positive(table: dict[str, Any], key: str, where: str, default: int) -> int:
     return value
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``"8G"``, ``"512M"``, ``"1.5G"`` or a whole number of bytes (0: no limit).
+    Raises ValueError naming the form it wants."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.I)
+    if not m or isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a size")
+    return int(float(m[1]) * _UNITS[m[2].upper()])
+
+
+def _size(table: dict[str, Any], key: str, where: str, default: int) -> int:
+    try:
+        return parse_size(table.get(key, default))
+    except ValueError:
+        raise WorkshopError(f"{where}: `{key}` is {table.get(key)!r}, not a size",
+                            f'give `{key}` as bytes or with K, M, G or T ("8G"); 0: no '
+                            "limit") from None
+
+
 def _host(entry: Any, i: int) -> WorkshopHost:
     where = f"[[hosts]] entry {i + 1}"
     if not isinstance(entry, dict):
@@ -188,7 +213,8 @@ def _learners(value: Any) -> tuple[str, ...]:
 #: The keys of the file's top level and of its ``[hub]`` table (``[[hosts]]``: :func:`_host`).
 TOP_KEYS = {"learners", "gpus_per_learner", "shards_per_gpu", "partition", "reservation",
             "time", "interface", "slurm_conf", "instructor", "hub", "hosts"}
-HUB_KEYS = {"host", "port", "lab_start_timeout", "ssl_cert", "ssl_key", "max_processes"}
+HUB_KEYS = {"host", "port", "lab_start_timeout", "ssl_cert", "ssl_key", "max_processes",
+            "max_memory"}
 
 
 def _known(table: Any, allowed: set[str], where: str) -> None:
@@ -241,6 +267,7 @@ def workshop_from_dict(data: dict[str, Any], path: str = "") -> Workshop:
                   slurm_conf=str(data.get("slurm_conf", "")), hub_host=hub_host,
                   lab_start_timeout=_positive(hub, "lab_start_timeout", "[hub]", 120),
                   max_processes=_positive(hub, "max_processes", "[hub]", 4096),
+                  max_memory=_size(hub, "max_memory", "[hub]", 8 << 30),
                   hub_port=_positive(hub, "port", "[hub]", 8000),
                   instructor=str(data.get("instructor", "")), path=path,
                   ssl_cert=cert, ssl_key=key)

@@ -152,9 +152,10 @@ class WorkshopRig:
         """:meth:`workshop`'s file as data (:func:`toml_text` writes it out)."""
         data: dict = {"learners": self.learners, "partition": self.slurm.partition,
                       "time": "10", "slurm_conf": str(self.slurm.conf),
-                      # 2 shared cores: a generous start; few processes each, so that a
-                      # test can reach the limit
-                      "hub": {"lab_start_timeout": 400, "max_processes": 300},
+                      # 2 shared cores: a generous start; few processes and little memory
+                      # each, so that a test can reach the limits
+                      "hub": {"lab_start_timeout": 400, "max_processes": 300,
+                              "max_memory": "2G"},
                       "hosts": [
                           {"name": n, "address": a, "gpus": GPUS_PER_HOST}
                           for n, (_, a) in self.slurm.nodes.items()]}
