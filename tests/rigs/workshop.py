@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_utils import procs
+from course_utils.workshop import lab_limits
 from course_utils.workshop.plan import Workshop, workshop_from_dict
 from tests.rigs.common import RigError
 from tests.rigs.slurm import SlurmRig
@@ -34,7 +35,8 @@ GPUS_PER_HOST = 4
 
 
 def remove_stale_users() -> list[str]:
-    """Remove the learners of rigs whose process is gone; their names."""
+    """Remove the learners of rigs whose process is gone, and their labs' memory groups; their
+    names."""
     gone = []
     for entry in pwd.getpwall():
         m = re.match(rf"^{USER_PREFIX}(\d+)-", entry.pw_name)
@@ -42,7 +44,24 @@ def remove_stale_users() -> list[str]:
             subprocess.run(["userdel", "-r", "-f", entry.pw_name], capture_output=True,
                            check=False, timeout=30)
             gone.append(entry.pw_name)
+    groups = lab_limits.memory_controller()
+    for group in groups[0].glob(f"{USER_PREFIX}*-*") if groups else []:
+        m = re.match(rf"^{USER_PREFIX}(\d+)-", group.name)
+        if m and not procs.pid_alive(int(m[1])):
+            _remove_group(group, wait=0)
     return gone
+
+
+def _remove_group(group: Path, wait: float = 5.0) -> None:
+    """Remove a lab's memory group once the processes just killed in it are gone."""
+    deadline = time.monotonic() + wait
+    while group.exists():
+        try:
+            group.rmdir()
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
 
 
 @contextlib.contextmanager
@@ -62,11 +81,14 @@ def os_users(names: Sequence[str]) -> Iterator[list[str]]:
             made.append(user)
         yield made
     finally:
+        groups = lab_limits.memory_controller()
         for user in made:
             subprocess.run(["pkill", "-KILL", "-u", user], capture_output=True, check=False,
                            timeout=30)
             subprocess.run(["userdel", "-r", "-f", user], capture_output=True, check=False,
                            timeout=30)
+            if groups:
+                _remove_group(groups[0] / user)
 
 
 REACHABLE_STATE = Path("/run/lock/course-reachable.json")
