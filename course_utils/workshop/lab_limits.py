@@ -42,11 +42,12 @@ def prepare_group(user: str, limit: int, root: Path | None = None) -> Path:
     if found is None:
         raise OSError(f"no cgroup memory controller under {root or CGROUP_ROOT}")
     parent, limit_file = found
-    if limit_file == "memory.max":  # v2: a child gets the controller only if its parent gives it
+    v2 = limit_file == "memory.max"  # a v2 child has the controller only if its parent gives it
+    if v2:
         _enable_memory(parent.parent)
-        parent.mkdir(exist_ok=True)
-        _enable_memory(parent)
     parent.mkdir(exist_ok=True)
+    if v2:
+        _enable_memory(parent)
     group = parent / user
     group.mkdir(exist_ok=True)
     (group / limit_file).write_text(str(limit))

@@ -152,12 +152,11 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_size(text: str | int) -> int:
-    """Bytes in ``"8G"``, ``"512M"``, ``"1.5G"`` or a whole number of bytes (0: no limit).
-    Raises ValueError naming the form it wants."""
-    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
-        return text
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.I)
-    if not m or isinstance(text, bool):
+    """Bytes in ``"8G"``, ``"512M"``, ``"1.5G"`` or a whole number of bytes (0: no limit);
+    ValueError for anything else (a bool, a negative number, another unit)."""
+    m = None if isinstance(text, bool) else re.fullmatch(
+        r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.I)
+    if not m:
         raise ValueError(f"{text!r} is not a size")
     return int(float(m[1]) * _UNITS[m[2].upper()])
 
