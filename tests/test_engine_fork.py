@@ -36,11 +36,15 @@ def facts() -> dict:
 
 
 def servers(cid: str) -> list[int]:
-    """Fork servers whose environment names cluster ``cid`` (its forked engines show the
-    server's command line too: a server is one whose parent is not a server)."""
-    forked = {p for p in procs.pids_with_environ(f"IPP_CLUSTER_ID={cid}")
-              if any(a.startswith("--socket=") for a in procs.cmdline(p))}
-    return sorted(p for p in forked if procs.parent(p) not in forked)
+    """The fork servers this process started that forked engines of cluster ``cid``; each is
+    a fork server by its command line."""
+    found = fork_client.servers_of(cid)
+    assert all(any(a.startswith("--socket=") for a in procs.cmdline(p)) for p in found)
+    return found
+
+
+def children(pid: int) -> set[int]:
+    return {p for p in procs.all_pids() if procs.parent(p) == pid}
 
 
 def wait_gone(pids: list[int], seconds: float = 10) -> bool:
@@ -64,27 +68,38 @@ def test_engines_are_children_of_one_server_that_imported_torch():
         assert all(g["argv"] == ["--IPEngine.timeout=30"] for g in got)
         assert {g["cluster"] for g in got} == {CID} and got[0]["threads"]
         assert len({g["draw"] for g in got}) == 3
-        for g in got:  # process scans see an engine: command line and environment
+        for g in got:  # process scans see an engine by its command line
             assert "ipyparallel" in " ".join(procs.cmdline(g["pid"]))
-            assert procs.environ_has(g["pid"], f"IPP_CLUSTER_ID={CID}")
         # a restart forks the new engines from the same server
         cc = cu.restart()
         assert {g["ppid"] for g in cc.run(facts)} == {server}
         engines = [g["pid"] for g in cc.run(facts)]
     finally:
         cu.stop(force=True)
-    assert wait_gone([server, *engines]), "the server or an engine outlived cu.stop()"
-    tag = fork_client.cluster_tag(sys.executable, {"IPP_CLUSTER_ID": CID})
-    assert list(fork_client.socket_dir().glob(f"{tag}-*")) == []  # its socket went with it
+    assert wait_gone(engines), "an engine outlived cu.stop()"
+    # the server waits (a minute) for this process's next cluster: no torch imported again
+    assert procs.pid_alive(server) and servers(CID) == []
+    other = f"{CID}-next"
+    try:
+        got = cu.start(n=2, cluster_id=other).run(facts)
+        assert {g["ppid"] for g in got} == {server} and {g["cluster"] for g in got} == {other}
+        assert servers(other) == [server]
+    finally:
+        cu.stop(force=True)
+    fork_client.stop_fork_servers()  # what the end of this process does
+    assert wait_gone([server]), "the server outlived stop_fork_servers()"
+    for cid in (CID, other):  # its socket and the link named for the second cluster are gone
+        tag = fork_client.cluster_tag(sys.executable, {"IPP_CLUSTER_ID": cid})
+        assert list(fork_client.socket_dir().glob(f"{tag}-*")) == []
 
 
 def test_an_engines_nanny_is_forked_by_its_server_and_relays_signals():
+    before = set(procs.all_pids())
     cc = cu.start(n=2, cluster_id=CID)
     try:
         (server,) = servers(CID)
         engines = {g["pid"] for g in cc.run(facts)}
-        kids = [p for p in procs.pids_with_environ(f"IPP_CLUSTER_ID={CID}")
-                if procs.parent(p) == server]
+        kids = children(server) - before
         nannies = [p for p in kids if p not in engines]
         assert len(nannies) == 2, (kids, engines)  # one per engine, no fresh python
         # ipyparallel's signal path goes through the nanny: SIGINT stops a running cell
@@ -133,7 +148,6 @@ def test_a_kernel_that_joined_the_cluster_forks_its_new_engines_from_the_owners_
                              env={**os.environ, "CID": cid, "COURSE_KERNEL_EXTRA": "1"})
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout.strip().splitlines()[-1]) == [server, server]
-        assert servers(cid) == [server]  # it started none of its own
         got = cu.start(cluster_id=cid).run(facts)
         engines = [g["pid"] for g in got]
         # the engines have the joiner's variables; /proc shows the server's (the cluster's)
@@ -141,7 +155,7 @@ def test_a_kernel_that_joined_the_cluster_forks_its_new_engines_from_the_owners_
         assert not any(procs.environ_has(p, "COURSE_KERNEL_EXTRA=1") for p in engines)
     finally:
         cu.stop(force=True)
-    assert wait_gone([server, *engines])
+    assert wait_gone(engines)
 
 
 def test_an_engine_killed_by_its_pid_is_a_dead_rank():
@@ -174,15 +188,20 @@ def test_fork_off_starts_each_engine_as_its_own_python(monkeypatch):
         cu.stop(force=True)
 
 
-def test_server_key_names_python_and_every_variable_but_the_momentary_ones():
-    env = {"A": "1", "IPP_CLUSTER_ID": "c", "PYTEST_CURRENT_TEST": "t.py::a (setup)"}
-    key = fork_client.server_key("/usr/bin/python3", env)
-    assert key == fork_client.server_key("/usr/bin/python3", dict(reversed(env.items())))
-    assert key != fork_client.server_key("/usr/bin/python3", {**env, "A": "2"})
-    assert key != fork_client.server_key("/usr/bin/python3", {**env, "IPP_CLUSTER_ID": "d"})
-    for name in fork_client.MOMENTARY:  # a restart in the next test reuses the server
-        assert key == fork_client.server_key("/usr/bin/python3", {**env, name: "other"})
-    assert key != fork_client.server_key("/opt/python3", env)
+def test_server_key_names_python_cwd_and_every_variable_but_the_momentary_and_cluster_ones():
+    env = {"A": "1", "IPP_CLUSTER_ID": "c", "PYTEST_CURRENT_TEST": "t.py::a (setup)",
+           "COURSE_GRADING_RUN": "grade-1-1"}
+    key = fork_client.server_key("/usr/bin/python3", env, "/w")
+    assert key == fork_client.server_key("/usr/bin/python3", dict(reversed(env.items())), "/w")
+    assert key != fork_client.server_key("/usr/bin/python3", {**env, "A": "2"}, "/w")
+    # a grader's run mark must be in every process of that run's environment (it kills by it)
+    assert key != fork_client.server_key("/usr/bin/python3",
+                                         {**env, "COURSE_GRADING_RUN": "grade-1-2"}, "/w")
+    assert key != fork_client.server_key("/usr/bin/python3", env, "/elsewhere")
+    # a restart in the next test, or the next cluster of this process, reuses the server
+    for name in fork_client.MOMENTARY + fork_client.CLUSTER_VARS:
+        assert key == fork_client.server_key("/usr/bin/python3", {**env, name: "other"}, "/w")
+    assert key != fork_client.server_key("/opt/python3", env, "/w")
     assert oct(fork_client.socket_dir().stat().st_mode & 0o777) == "0o700"
 
 

@@ -10,15 +10,21 @@ directory and output file; it runs exactly what an exec'd engine runs
 
 What stays as before: ipyparallel tracks each engine by its pid (signals, ``stop``, the
 cluster file that other kernels read), process scans find engines by their command line
-(``ipyparallel`` in it) and by the cluster id and run marks in their environment (a server
-is started with the environment its children get, so ``/proc/PID/environ`` is right, but for
-the :data:`MOMENTARY` variables, which may show the values of the server's first engine).
+(``ipyparallel`` in it) and by run marks in their environment (a server is started with the
+environment its children get, so ``/proc/PID/environ`` is right, but for the
+:data:`MOMENTARY` and :data:`CLUSTER_VARS` variables, which show the values the server was
+started with; ask :func:`servers_of` which servers forked a cluster's engines).
+
+A server is not tied to one cluster: the next cluster this process starts with the same
+interpreter, working directory and environment (but for the variables that name a cluster,
+:data:`CLUSTER_VARS`) is forked by it too (a test run's clusters, ``cu.stop()`` then
+``cu.start()``), instead of importing torch again.
 
 Nothing here listens on the network: the server's socket is a Unix socket in a directory only
-this user can enter. The server lives while the process that started it lives, exits when that
-process stops the cluster (:func:`stop_fork_servers`), and after a minute without a
-child. A process without a cluster that starts checks' worlds gets a server of its own for
-them (:func:`helper_server_socket`). ``COURSE_ENGINE_FORK=0`` starts every engine as its own
+this user can enter. The server lives while the process that started it lives, and exits a
+minute after its last child is gone or when :func:`stop_fork_servers` ends it. A process
+without a cluster that starts checks' worlds gets a server of its own for them
+(:func:`helper_server_socket`). ``COURSE_ENGINE_FORK=0`` starts every engine as its own
 ``python`` instead; so does any failure to reach a server (a warning in the log says why).
 """
 
@@ -53,11 +59,13 @@ from . import ipyparallel_fork_server as fork_server
 
 ENV_FORK = ENV_ENGINE_FORK
 _LOCK = threading.Lock()
-#: server key -> the server's process (started by this process), its cluster id, the
-#: moment by which it must answer (the start timeout of the cluster it was started for) and its
-#: socket (kept: where the socket folder is can change while a process runs, with
-#: ``tempfile.tempdir``)
-_SERVERS: dict[str, tuple[subprocess.Popen, str, float, str]] = {}
+#: server key -> the server's process (started by this process), the ids of the clusters it
+#: forked engines for, the moment by which it must answer (the start timeout of the cluster it
+#: was started for) and its socket (kept: where the socket folder is can change while a process
+#: runs, with ``tempfile.tempdir``)
+_SERVERS: dict[str, tuple[subprocess.Popen, set[str], float, str]] = {}
+#: cluster id -> the links to a server's socket named for that cluster (:func:`_alias`)
+_ALIASES: dict[str, list[Path]] = {}
 #: keys whose server never answered: their engines are exec'd without asking again
 _BROKEN: set[str] = set()
 
@@ -88,11 +96,20 @@ def socket_dir() -> Path:
 MOMENTARY = ("PYTEST_CURRENT_TEST", "IPP_CONNECTION_INFO", "TF_CONFIG")
 
 
-def server_key(python: str, env: dict[str, str]) -> str:
-    """Which server may fork an engine: same interpreter and the same environment, but for
-    the :data:`MOMENTARY` variables."""
-    kept = sorted((k, v) for k, v in env.items() if k not in MOMENTARY)
-    blob = json.dumps([python, kept]).encode()
+#: Variables that name the cluster an engine belongs to. Nothing the server imports reads them,
+#: so one server forks the engines of one cluster after another; each child gets its own values,
+#: while ``/proc/PID/environ`` shows those of the cluster the server was started for (process
+#: scans that must find a run's processes use a mark that is part of the key, such as the
+#: grader's ``COURSE_GRADING_RUN``).
+CLUSTER_VARS = ("IPP_CLUSTER_ID", "IPP_PROFILE_DIR", settings.ENV_CLUSTER_ID)
+
+
+def server_key(python: str, env: dict[str, str], cwd: str = "") -> str:
+    """Which server may fork an engine: same interpreter, working directory (a ``python -m``
+    puts it first on ``sys.path``) and environment, but for the :data:`MOMENTARY` and
+    :data:`CLUSTER_VARS` variables."""
+    kept = sorted((k, v) for k, v in env.items() if k not in MOMENTARY + CLUSTER_VARS)
+    blob = json.dumps([python, cwd, kept]).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -123,16 +140,19 @@ def _connect(path: str, proc: subprocess.Popen, deadline: float) -> socket.socke
 
 
 def _server_for(python: str, env: dict[str, str], cwd: str,
-                timeout: float | None = None) -> tuple[str, str, subprocess.Popen, float]:
-    """The running server for (python, env) started by this process, else a new one that must
-    answer within ``timeout`` s (default ``$COURSE_START_TIMEOUT``): key, socket, process,
-    deadline."""
-    key = server_key(python, env)
+                timeout: float | None = None) -> tuple[str, str, subprocess.Popen, float, bool]:
+    """The running server for (python, env, cwd) started by this process, else a new one that
+    must answer within ``timeout`` s (default ``$COURSE_START_TIMEOUT``): key, socket, process,
+    deadline, and whether it was started now."""
+    key = server_key(python, env, cwd)
     if key in _BROKEN:
         raise ForkUnavailable("its fork server did not answer before")
+    cid = env.get("IPP_CLUSTER_ID", "")
     with _LOCK:
-        proc, _, deadline, path = _SERVERS.get(key, (None, "", 0.0, ""))
-        if proc is None or proc.poll() is not None:
+        proc, clusters, deadline, path = _SERVERS.get(key, (None, set(), 0.0, ""))
+        fresh = proc is None or proc.poll() is not None
+        if fresh:
+            clusters = set()
             path = str(socket_dir() / f"{cluster_tag(python, env)}-{os.getpid()}-{key}.sock")
             deadline = time.monotonic() + (settings.start_timeout() if timeout is None
                                            else timeout)
@@ -144,13 +164,29 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
                 proc = subprocess.Popen(
                     [python, "-m", fork_server.MODULE, f"--socket={path}"], env=env, cwd=cwd,
                     stdin=null, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-            _SERVERS[key] = (proc, env.get("IPP_CLUSTER_ID", ""), deadline, path)
-    return key, path, proc, deadline
+        if cid and cid not in clusters:
+            clusters.add(cid)
+            _alias(path, cluster_tag(python, env), key, cid)
+        _SERVERS[key] = (proc, clusters, deadline, path)
+    return key, path, proc, deadline, fresh
+
+
+def _alias(path: str, tag: str, key: str, cluster_id: str) -> None:
+    """A link named as a server of the cluster with ``tag`` would be, to the socket at ``path``:
+    a kernel that joined that cluster finds the server (:func:`_other_server`)."""
+    link = socket_dir() / f"{tag}-{os.getpid()}-{key}.sock"
+    if str(link) == path:
+        return
+    with contextlib.suppress(OSError):
+        link.unlink()
+    with contextlib.suppress(OSError):
+        os.symlink(path, link)
+        _ALIASES.setdefault(cluster_id, []).append(link)
 
 
 def remove_stale_sockets() -> list[str]:
-    """Delete this user's server sockets that no server answers on (a server killed with
-    SIGKILL leaves its file); the names removed."""
+    """Delete this user's server sockets (and links to them) that no server answers on (a
+    server killed with SIGKILL leaves its file); the names removed."""
     gone = []
     for sock in socket_dir().glob("*.sock"):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -195,15 +231,19 @@ def _other_server(python: str, env: dict[str, str]) -> socket.socket | None:
 
 
 def _own_connection(python: str, env: dict[str, str], cwd: str) -> socket.socket:
-    """A connection to this process's server for (python, env), started if need be."""
-    key, path, proc, deadline = _server_for(python, env, cwd)
-    try:
-        return _connect(path, proc, deadline)
-    except ForkUnavailable:
-        _BROKEN.add(key)
-        with contextlib.suppress(OSError):
-            proc.kill()
-        raise
+    """A connection to this process's server for (python, env, cwd), started if need be (again,
+    if the running one exited idle just now)."""
+    while True:
+        key, path, proc, deadline, fresh = _server_for(python, env, cwd)
+        try:
+            return _connect(path, proc, deadline)
+        except ForkUnavailable:
+            if not fresh and proc.poll() is not None:
+                continue
+            _BROKEN.add(key)
+            with contextlib.suppress(OSError):
+                proc.kill()
+            raise
 
 
 def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str) -> int:
@@ -216,7 +256,7 @@ def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str
     if len(args) < 3 or args[1] != "-m" or args[2] not in ENGINE_MODULES:
         raise ForkUnavailable(f"not a local engine: {args[:3]}")
     cwd = os.path.abspath(cwd)
-    own = _SERVERS.get(server_key(args[0], env))
+    own = _SERVERS.get(server_key(args[0], env, cwd))
     conn = _other_server(args[0], env) if own is None or own[0].poll() is not None else None
     if conn is None:
         conn = _own_connection(args[0], env, cwd)
@@ -238,7 +278,7 @@ def own_server_socket() -> str | None:
     helper server's), or None: a helper that needs a short-lived torch process of its own asks
     it to fork one (:func:`course_utils.checks.spawn.spawn`)."""
     with _LOCK:  # a cluster's server first, then one started for helpers alone
-        alive = sorted((not cid, path) for p, cid, _, path in _SERVERS.values()
+        alive = sorted((not clusters, path) for p, clusters, _, path in _SERVERS.values()
                        if p.poll() is None)
     return next((path for _, path in alive if os.path.exists(path)), None)
 
@@ -260,12 +300,30 @@ def helper_server_socket() -> str | None:
     return own_server_socket()
 
 
-def stop_fork_servers(cluster_id: str | None = None) -> None:
-    """End the servers this process started (those for ``cluster_id`` only, if given). Their
-    engines are stopped separately (an engine outlives its server)."""
+def servers_of(cluster_id: str) -> list[int]:
+    """The pids of the running servers this process started that forked engines of
+    ``cluster_id``."""
     with _LOCK:
-        keys = [k for k, (_, cid, _, _) in _SERVERS.items() if cluster_id in (None, cid)]
-        procs = [_SERVERS.pop(k)[0] for k in keys]
+        return sorted(p.pid for p, clusters, _, _ in _SERVERS.values()
+                      if cluster_id in clusters and p.poll() is None)
+
+
+def stop_fork_servers(cluster_id: str | None = None) -> None:
+    """End the servers this process started; with ``cluster_id``, only forget that they served
+    that cluster (a stopped cluster's server exits a minute after its last child, unless the
+    next cluster needs it). Engines are stopped separately (an engine outlives its server)."""
+    with _LOCK:
+        gone = [cid for cid in _ALIASES if cluster_id in (None, cid)]
+        links = [link for cid in gone for link in _ALIASES.pop(cid)]
+        procs = []
+        if cluster_id is None:
+            procs = [p for p, _, _, _ in _SERVERS.values()]
+            _SERVERS.clear()
+        for _, clusters, _, _ in _SERVERS.values():
+            clusters.discard(cluster_id)
+    for link in links:
+        with contextlib.suppress(OSError):
+            link.unlink()
     for p in procs:
         with contextlib.suppress(OSError):
             p.terminate()
