@@ -55,7 +55,6 @@ from ...private_dir import private_dir
 from ...settings import ENV_ENGINE_FORK, env
 from ..engines import ipyparallel_engine
 from . import fork_protocol
-from . import ipyparallel_fork_server as fork_server
 
 ENV_FORK = ENV_ENGINE_FORK
 _LOCK = threading.Lock()
@@ -162,8 +161,9 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
             log = log_dir / f"ipengine-fork-{env.get('IPP_CLUSTER_ID', '')}-{key}.log"
             with open(log, "ab") as out, open(os.devnull, "rb") as null:
                 proc = subprocess.Popen(
-                    [python, "-m", fork_server.MODULE, f"--socket={path}"], env=env, cwd=cwd,
-                    stdin=null, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                    [python, "-m", fork_protocol.SERVER_MODULE, f"--socket={path}"], env=env,
+                    cwd=cwd, stdin=null, stdout=out, stderr=subprocess.STDOUT,
+                    start_new_session=True)
         if cid and cid not in clusters:
             clusters.add(cid)
             _alias(path, cluster_tag(python, env), key, cid)

@@ -16,6 +16,10 @@ from typing import Any
 
 from ... import procs
 
+#: The server's module, as its command line names it (``python -m SERVER_MODULE``). Here, not
+#: imported from it: a module that ``python -m`` runs must not be imported before (runpy warns,
+#: and the module would be loaded twice).
+SERVER_MODULE = "course_utils.cluster.launchers.ipyparallel_fork_server"
 #: Set in a fork server (and so in all its children): its socket. None in a process that no
 #: server forked (an exec'd engine starts its helpers as their own ``python``).
 FORK_SERVER: str | None = None

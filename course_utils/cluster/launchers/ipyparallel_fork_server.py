@@ -33,11 +33,14 @@ from . import fork_protocol
 #: What the server imports before it forks (the course's engine side is imported as well).
 #: ``torch._dynamo``: a process's first torch optimizer or ``DistributedDataParallel`` imports it
 #: (about 2 CPU-seconds), which every engine and every rank of a graded check would pay again.
-PRELOAD = ("torch", "torch._dynamo", "ipyparallel.engine.app", "ipyparallel.engine.kernel")
+#: ``ipykernel.debugger`` (debugpy): every engine's kernel imports it as it starts, 0.3 s of
+#: CPU, most of what a forked engine spent starting.
+PRELOAD = ("torch", "torch._dynamo", "ipyparallel.engine.app", "ipyparallel.engine.kernel",
+           "ipykernel.debugger")
 #: Seconds a server without children waits for another request before it exits.
 IDLE_S = 60.0
 #: This module, as the server's command line names it.
-MODULE = "course_utils.cluster.launchers.ipyparallel_fork_server"
+MODULE = fork_protocol.SERVER_MODULE
 
 
 def _run_request(request: dict[str, Any]) -> None:
@@ -116,6 +119,9 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
 def serve(path: str) -> None:
     """The fork server: import, listen on ``path``, fork engines until told to stop."""
     parent = os.getppid()
+    # debugpy warns at import that frozen modules may hide breakpoints; nobody debugs the server
+    # (its children get their own environment)
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     for name in (*PRELOAD, *preload_names()):
         with contextlib.suppress(Exception):
             __import__(name)
