@@ -227,6 +227,29 @@ def test_server_key_names_python_cwd_and_every_variable_but_the_momentary_and_cl
     assert oct(fork_client.socket_dir().stat().st_mode & 0o777) == "0o700"
 
 
+def test_a_server_that_exits_idle_as_it_is_asked_is_replaced_not_given_up(monkeypatch):
+    """A kept server exits a minute after its last child; one asked in that moment is
+    replaced by a new one, and forking stays on for that environment."""
+    env, cwd = dict(os.environ), os.getcwd()
+    fork_client._own_connection(sys.executable, env, cwd).close()  # a running server
+    real, calls = fork_client._connect, []
+
+    def exits_first(sock_path, proc, deadline):
+        calls.append(proc.pid)
+        if len(calls) == 1:  # the server exits (idle) between being found and being reached
+            proc.terminate()
+            proc.wait(timeout=10)
+        return real(sock_path, proc, deadline)
+
+    monkeypatch.setattr(fork_client, "_connect", exits_first)
+    try:
+        fork_client._own_connection(sys.executable, env, cwd).close()
+        assert len(calls) == 2 and calls[0] != calls[1]
+        assert fork_client.server_key(sys.executable, env, cwd) not in fork_client._BROKEN
+    finally:
+        fork_client.stop_fork_servers()
+
+
 def test_a_request_for_another_program_is_not_forked():
     with pytest.raises(fork_client.ForkUnavailable, match="not a local engine"):
         fork_client.fork_engine(["python", "-m", "ipyparallel.controller"], {}, ".", os.devnull)
