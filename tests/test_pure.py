@@ -90,21 +90,33 @@ def test_free_ports_come_from_below_the_ephemeral_range():
     assert ports.free_ports(3) != first
 
 
+def _hold_block(size: int = 10) -> tuple[int, list[socket.socket]]:
+    """``size`` consecutive ports bound here, below the ports the course picks from (so no
+    other test's cluster takes one meanwhile): the first port and the sockets holding them."""
+    for low in range(ports.PICK_FLOOR - 1000, 1024, -size):
+        held: list[socket.socket] = []
+        try:
+            for port in range(low, low + size):
+                held.append(socket.socket())
+                held[-1].bind(("127.0.0.1", port))
+            return low, held
+        except OSError:
+            for s in held:
+                s.close()
+    raise RuntimeError("no block of free ports below the course's range")
+
+
 def test_a_learners_block_of_ports_is_kept_and_a_full_one_says_so(monkeypatch):
-    monkeypatch.setenv("COURSE_PORTS", "23400-23409")
-    assert ports.pick_range() == (23400, 23410)
-    assert all(23400 <= p <= 23409 for p in ports.free_ports(4))
-    held = []
-    try:
-        for port in range(23400, 23410):  # the whole block taken: an error, not a port outside
-            s = socket.socket()
-            s.bind(("127.0.0.1", port))
-            held.append(s)
+    low, held = _hold_block()
+    try:  # the whole block taken: an error, not a port outside
+        monkeypatch.setenv("COURSE_PORTS", f"{low}-{low + 9}")
+        assert ports.pick_range() == (low, low + 10)
         with pytest.raises(CourseError, match="no 1 free port"):
             ports.free_port()
     finally:
         for s in held:
             s.close()
+    assert all(low <= p <= low + 9 for p in ports.free_ports(4))
     monkeypatch.setenv("COURSE_PORTS", "20000")
     with pytest.raises(CourseError, match="not a block of ports LOW-HIGH"):
         ports.pick_range()
