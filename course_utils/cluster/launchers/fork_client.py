@@ -15,14 +15,14 @@ environment its children get, so ``/proc/PID/environ`` is right, but for the
 :data:`MOMENTARY` and :data:`CLUSTER_VARS` variables, which show the values the server was
 started with; ask :func:`servers_of` which servers forked a cluster's engines).
 
-A server is not tied to one cluster: the next cluster this process starts with the same
-interpreter, working directory and environment (but for the variables that name a cluster,
-:data:`CLUSTER_VARS`) is forked by it too (a test run's clusters, ``cu.stop()`` then
-``cu.start()``), instead of importing torch again.
+A server is not tied to one cluster: another cluster this process starts while the first runs,
+with the same interpreter, working directory and environment (but for the variables that name
+a cluster, :data:`CLUSTER_VARS`), is forked by it too, instead of importing torch again.
 
 Nothing here listens on the network: the server's socket is a Unix socket in a directory only
-this user can enter. The server lives while the process that started it lives, and exits a
-minute after its last child is gone or when :func:`stop_fork_servers` ends it. A process
+this user can enter. The server lives while the process that started it lives, ends when the
+last cluster it served is stopped (:func:`stop_fork_servers`), and after a minute without a
+child. A process
 without a cluster that starts checks' worlds gets a server of its own for them
 (:func:`helper_server_socket`). ``COURSE_ENGINE_FORK=0`` starts every engine as its own
 ``python`` instead; so does any failure to reach a server (a warning in the log says why).
@@ -309,18 +309,18 @@ def servers_of(cluster_id: str) -> list[int]:
 
 
 def stop_fork_servers(cluster_id: str | None = None) -> None:
-    """End the servers this process started; with ``cluster_id``, only forget that they served
-    that cluster (a stopped cluster's server exits a minute after its last child, unless the
-    next cluster needs it). Engines are stopped separately (an engine outlives its server)."""
+    """End the servers this process started; with ``cluster_id``, those that no other running
+    cluster of this process uses. Engines are stopped separately (an engine outlives its
+    server)."""
     with _LOCK:
         gone = [cid for cid in _ALIASES if cluster_id in (None, cid)]
         links = [link for cid in gone for link in _ALIASES.pop(cid)]
-        procs = []
-        if cluster_id is None:
-            procs = [p for p, _, _, _ in _SERVERS.values()]
-            _SERVERS.clear()
         for _, clusters, _, _ in _SERVERS.values():
             clusters.discard(cluster_id)
+        # a server no running cluster of this process uses any more ends with the last one
+        keys = [k for k, (_, clusters, _, _) in _SERVERS.items()
+                if cluster_id is None or not clusters]
+        procs = [_SERVERS.pop(k)[0] for k in keys]
     for link in links:
         with contextlib.suppress(OSError):
             link.unlink()
