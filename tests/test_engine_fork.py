@@ -238,6 +238,20 @@ def test_a_server_that_exits_idle_as_it_is_asked_is_replaced_not_given_up(monkey
         fork_client.stop_fork_servers()
 
 
+def test_stopping_a_cluster_leaves_the_processs_helper_server():
+    """A server started for checks' worlds alone serves no cluster: a cluster's stop in the
+    same process does not end it (it would import torch again for the next world)."""
+    fork_client.stop_fork_servers()
+    path = fork_client.helper_server_socket()
+    assert path
+    cu.start(n=1, cluster_id=f"{CID}-beside")
+    cu.stop(force=True)
+    try:
+        assert fork_client.own_server_socket() == path and os.path.exists(path)
+    finally:
+        fork_client.stop_fork_servers()
+
+
 def test_a_request_for_another_program_is_not_forked():
     with pytest.raises(fork_client.ForkUnavailable, match="not a local engine"):
         fork_client.fork_engine(["python", "-m", "ipyparallel.controller"], {}, ".", os.devnull)

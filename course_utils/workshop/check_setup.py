@@ -133,8 +133,7 @@ def check_tls(ws: Workshop) -> Line:
 def check_lab_memory(ws: Workshop) -> Line:
     """Each lab starts in a memory cgroup of the learner's (``[hub] max_memory``): the
     controller is mounted here and this process (root, as the hub) can make such a group."""
-    from . import lab_limits
-    from .lab_limits import PARENT, memory_controller, prepare_group
+    from .lab_limits import CGROUP_ROOT, PARENT, memory_controller, prepare_group
 
     name = "lab memory"
     if not ws.max_memory:
@@ -142,8 +141,7 @@ def check_lab_memory(ws: Workshop) -> Line:
                     "all of this host's memory", 'set [hub] max_memory (e.g. "8G")')
     found = memory_controller()
     if found is None:
-        return Line(name, "FAIL", f"no cgroup memory controller is mounted under "
-                    f"{lab_limits.CGROUP_ROOT}",
+        return Line(name, "FAIL", f"no cgroup memory controller is mounted under {CGROUP_ROOT}",
                     "mount cgroup v2 with its memory controller (systemd hosts have it), or "
                     "set [hub] max_memory = 0 and accept the risk")
     probe = "course-check"

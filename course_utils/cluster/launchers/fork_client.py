@@ -22,9 +22,8 @@ a cluster, :data:`CLUSTER_VARS`), is forked by it too, instead of importing torc
 Nothing here listens on the network: the server's socket is a Unix socket in a directory only
 this user can enter. The server lives while the process that started it lives, ends when the
 last cluster it served is stopped (:func:`stop_fork_servers`), and after a minute without a
-child. A process
-without a cluster that starts checks' worlds gets a server of its own for them
-(:func:`helper_server_socket`). ``COURSE_ENGINE_FORK=0`` starts every engine as its own
+child. A process without a cluster that starts checks' worlds gets a server of its own for
+them (:func:`helper_server_socket`). ``COURSE_ENGINE_FORK=0`` starts every engine as its own
 ``python`` instead; so does any failure to reach a server (a warning in the log says why).
 """
 
@@ -96,7 +95,8 @@ MOMENTARY = ("PYTEST_CURRENT_TEST", "IPP_CONNECTION_INFO", "TF_CONFIG")
 
 
 #: Variables that name the cluster an engine belongs to. Nothing the server imports reads them,
-#: so one server forks the engines of one cluster after another; each child gets its own values,
+#: so one server forks the engines of every cluster this process runs; each child gets its own
+#: values,
 #: while ``/proc/PID/environ`` shows those of the cluster the server was started for (process
 #: scans that must find a run's processes use a mark that is part of the key, such as the
 #: grader's ``COURSE_GRADING_RUN``).
@@ -315,12 +315,12 @@ def stop_fork_servers(cluster_id: str | None = None) -> None:
     with _LOCK:
         gone = [cid for cid in _ALIASES if cluster_id in (None, cid)]
         links = [link for cid in gone for link in _ALIASES.pop(cid)]
-        for _, clusters, _, _ in _SERVERS.values():
-            clusters.discard(cluster_id)
-        # a server no running cluster of this process uses any more ends with the last one
-        keys = [k for k, (_, clusters, _, _) in _SERVERS.items()
-                if cluster_id is None or not clusters]
-        procs = [_SERVERS.pop(k)[0] for k in keys]
+        served = [k for k, (_, clusters, _, _) in _SERVERS.items()
+                  if cluster_id is None or cluster_id in clusters]
+        for k in served:
+            _SERVERS[k][1].discard(cluster_id)
+        # a server ends with the last running cluster it served (a helper server, none, stays)
+        procs = [_SERVERS.pop(k)[0] for k in served if cluster_id is None or not _SERVERS[k][1]]
     for link in links:
         with contextlib.suppress(OSError):
             link.unlink()
