@@ -98,8 +98,10 @@ def test_lab_headless_answers_and_leaves_no_engines():
     deadline = time.time() + 15
     while engine_pids(cid) and time.time() < deadline:
         time.sleep(0.2)
-    left = {pid: " ".join(procs.cmdline(pid))[:120] for pid in engine_pids(cid)}
-    assert not left, f"engines left behind after course lab stopped: {left}"
+    left = {pid: (procs.parent(pid), " ".join(procs.cmdline(pid))[-60:])
+            for pid in engine_pids(cid)}
+    assert not left, (f"engines left behind after course lab stopped (pid: parent, command): "
+                      f"{left}; the kernel said {kernel.stdout[-300:]!r}; the lab: {out[-800:]}")
 
 
 def test_bench_startup_prints_json_last():

@@ -252,6 +252,24 @@ def test_stopping_a_cluster_leaves_the_processs_helper_server():
         fork_client.stop_fork_servers()
 
 
+def test_a_clusters_stop_ends_what_its_server_forked_that_the_stop_did_not_know_of():
+    """An engine a joined kernel restarted is forked by the owner's server but recorded only
+    in that kernel; the owner's stop ends the server, and the server what it forked (``course
+    lab`` left such engines once in a CI run)."""
+    from course_utils.cluster.launchers import fork_protocol
+
+    cid = f"{CID}-unknown"
+    cc = cu.start(n=1, cluster_id=cid)
+    (server,) = servers(cid)
+    path = fork_client.own_server_socket()
+    with open(os.devnull, "wb") as null:
+        stray = fork_protocol.fork_call(path, "time:sleep", [300], [null.fileno()] * 2,
+                                        dict(os.environ), os.getcwd())
+    assert procs.parent(stray) == server
+    cc.stop(force=True)
+    assert wait_gone([server, stray]), "the server or what it forked outlived the stop"
+
+
 def test_a_request_for_another_program_is_not_forked():
     with pytest.raises(fork_client.ForkUnavailable, match="not a local engine"):
         fork_client.fork_engine(["python", "-m", "ipyparallel.controller"], {}, ".", os.devnull)

@@ -40,6 +40,7 @@ catalogue's files without a kernel; ``tests/test_rerun.py`` the re-run plans.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -96,4 +97,13 @@ def pytest_runtest_call(item):
         error = outcome.excinfo
         if error and issubclass(error[0], pytest.skip.Exception):
             return
-        walk.ran(index, [f"{error[0].__name__}: {str(error[1])[:300]}"] if error else [])
+        walk.ran(index, [failure_line(error[1])] if error else [])
+
+
+def failure_line(exc: BaseException) -> str:
+    """What a failed cell raised, in one line: nbval's ``NbCellError`` says only "Cell
+    execution caused an exception"; the last line of the kernel's traceback names the cause
+    (seen in a CI log, which keeps a test's short line when it cuts the rest)."""
+    tb = re.sub(r"\x1b\[[0-9;]*m", "", getattr(exc, "inner_traceback", None) or "")
+    last = [ln.strip() for ln in tb.splitlines() if ln.strip()]
+    return (last[-1] if last else f"{type(exc).__name__}: {exc}")[:300]

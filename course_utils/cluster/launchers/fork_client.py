@@ -310,8 +310,9 @@ def servers_of(cluster_id: str) -> list[int]:
 
 def stop_fork_servers(cluster_id: str | None = None) -> None:
     """End the servers this process started; with ``cluster_id``, those that no other running
-    cluster of this process uses. Engines are stopped separately (an engine outlives its
-    server)."""
+    cluster of this process uses. Engines are stopped first, separately; a server ended here
+    kills what it forked that is still there (an engine a joined kernel restarted and the
+    stop did not know of), while one whose process exited leaves its engines running."""
     with _LOCK:
         gone = [cid for cid in _ALIASES if cluster_id in (None, cid)]
         links = [link for cid in gone for link in _ALIASES.pop(cid)]

@@ -11,8 +11,10 @@ processes it would otherwise start as a fresh ``python``: ipyparallel's nanny (w
 signals to it) and the launcher of a graded check's own ranks
 (:func:`course_utils.checks.spawn.spawn`), which would import torch again.
 
-It exits when the process that started it is gone, on SIGTERM, and after :data:`IDLE_S` s
-without a child. Standard library and the engine's own modules only.
+It exits when the process that started it is gone (its children stay: they may be engines
+of a cluster another process runs), on SIGTERM (its children that are still there are killed
+with it: the clusters it served have stopped), and after :data:`IDLE_S` s without a child.
+Standard library and the engine's own modules only.
 """
 
 from __future__ import annotations
@@ -158,6 +160,14 @@ def serve(path: str) -> None:
                     children.add(pid)
             elif not children and time.monotonic() - idle_since > IDLE_S:
                 break
+    except SystemExit:
+        # SIGTERM: the last cluster it served is being stopped, its engines were told to go;
+        # whatever it forked and is still there (an engine a joined kernel restarted, missed by
+        # the stop; a nanny) goes with it, its session too (each child is a session leader)
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        raise
     finally:
         listener.close()
         with contextlib.suppress(OSError):
