@@ -188,6 +188,39 @@ def test_the_watchdog_names_requests_never_waited_for_in_seconds():
     assert took < 20, took  # not the group's timeout
 
 
+def _unit1_ring(slip: tuple[str, str]) -> str:
+    """Unit 1's ring solution, with one slip a learner makes (``(old, new)``)."""
+    import re
+
+    import nbformat
+
+    nb = nbformat.read(os.path.join(os.path.dirname(__file__), "..", "notebooks",
+                                    "01_collectives.ipynb"), as_version=4)
+    src = next(c.source for c in nb.cells
+               if c.metadata.get("nbgrader", {}).get("grade_id") == "ex1-solution")
+    src = re.sub(r"[ \t]*### (BEGIN|END) SOLUTION\n", "", src.replace("%%px\n", ""))
+    assert slip[0] in src
+    return src.replace(slip[0], slip[1], 1)
+
+
+def test_a_ring_stuck_on_one_rank_ends_every_rank_in_seconds_not_at_the_groups_timeout():
+    # rank 0 finishes the first size and goes on; rank 1 waits for a chunk never sent. Both
+    # stop after the first size (they agree on it), and the watchdog's group is not destroyed
+    # with a stuck request in it: before, 39 s here (the next size's group, then the destroy,
+    # each waited out its timeout), for a message found after 5 s
+    src = _unit1_ring(("bounds[(r - s) % p], bounds[(r - s - 1) % p]",
+                       "bounds[(left - s) % p], bounds[(r - s - 1) % p]"))
+    calls = [("engine_check_all_reduce", ["ring_all_reduce", n, 20 + k, "float32"])
+             for k, n in enumerate((1, 7, 13))]
+    t0 = time.monotonic()
+    got = spawn("course_utils.checks.ring_allreduce:engine_ring_calls", 2, sources=[src],
+                timeout=90, collective_timeout=20, calls=calls)
+    took = time.monotonic() - t0
+    assert [len(per_rank) for per_rank in got] == [1, 1], got
+    assert any(per_rank[0]["stuck"] for per_rank in got), got
+    assert took < 15, took
+
+
 def test_first_failure_names_the_rank_whose_error_is_its_own():
     from course_utils.checks import first_failure
 

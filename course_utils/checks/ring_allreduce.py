@@ -376,17 +376,34 @@ def engine_ring_calls(calls: list[tuple[str, list[Any]]]) -> list[Any]:
     """*Collective*, on a rank of :func:`ring_on_more_ranks`'s world: each probe of this module
     in turn; a probe's error is said (``{"side_error": ...}``), not raised, and ends the run
     (the group is not fit for the next size: each would wait out its timeout), as does a result
-    that got stuck or raised."""
+    that got stuck or raised. The ranks stop together: one that went on alone would wait for
+    the others in the next probe's group until its timeout."""
     out: list[Any] = []
     for name, args in calls:
         try:
             out.append(globals()[name](*args))
+            # reported first anyway; a deadlock would cost its 5 s again per size
+            stop = isinstance(out[-1], dict) and bool(out[-1].get("stuck") or out[-1].get("error"))
         except Exception as exc:
             out.append({"side_error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            stop = True
+        if _any_rank(stop):
             break
-        if isinstance(out[-1], dict) and (out[-1].get("stuck") or out[-1].get("error")):
-            break   # reported first anyway; a deadlock would cost its 5 s again per size
     return out
+
+
+def _any_rank(flag: bool) -> bool:
+    """*Collective*: True on every rank when ``flag`` is True on any (on the world's own group;
+    the learner's messages went over the watchdog's). A group that no longer answers: True."""
+    import torch
+    import torch.distributed as dist
+
+    vote = torch.tensor([int(flag)])
+    try:
+        dist.all_reduce(vote, op=dist.ReduceOp.MAX)
+    except Exception:  # noqa: BLE001 - a broken group ends the run as a stop would
+        return True
+    return bool(vote.item())
 
 
 def ring_crash_problem(fn_name: str, rank: int, said: str, note: str = MORE_RANKS_NOTE) -> str:

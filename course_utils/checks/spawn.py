@@ -197,11 +197,13 @@ def _one_world(spec: dict[str, Any], timeout: float, extra_env: dict[str, str]) 
 
 
 def _watch(proc: Any, tmp: Path, nprocs: int, deadline: float, timeout: float) -> None:
-    """Wait for the launcher; a rank that failed is reported at once (the others would wait
-    for it in their next collective until the timeout), and so is the rank that broke first
-    when the launcher was done before the first look."""
+    """Wait for the launcher, or for every rank's result; a rank that failed is reported at
+    once (the others would wait for it in their next collective until the timeout), and so is
+    the rank that broke first when the launcher was done before the first look."""
     while True:
-        done = proc.poll() is not None
+        # every rank has its result: the world is over (a rank may still be destroying a group
+        # with a send the probe found stuck, which would wait out its timeout); killed after
+        done = proc.poll() is not None or len(list(tmp.glob("result-*.pkl"))) == nprocs
         if sorted(tmp.glob("failed-*.txt")) or _ended_by_signal(tmp):
             if not done:  # the rank that broke first, and the peers it took down, all write
                 time.sleep(0.5)

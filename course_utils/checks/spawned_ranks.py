@@ -62,11 +62,13 @@ def run_rank(spec_path: str, spec: dict[str, Any], rank: int) -> int:
     import torch.distributed as dist
 
     from .. import checks
+    from ..torch_dist import p2p
     from ..torch_dist.process_group import rendezvous_store
 
     folder = Path(spec_path).parent
     try:
         torch.set_num_threads(1)
+        p2p.DESTROY_SCRATCH = False  # this process ends once every rank has its result
         info = spec["ranks"][rank]
         # a namespace of the rank's own, as an engine's %%px namespace is its __main__ (where
         # the probes look the learner's names up); the launcher's own module is left alone
@@ -90,15 +92,19 @@ def run_rank(spec_path: str, spec: dict[str, Any], rank: int) -> int:
         mod, _, func = spec["probe"].rpartition(":")
         probe = getattr(importlib.import_module(mod) if mod else checks, func)
         result = probe(**spec["kwargs"])
+        out = folder / f"result-{rank}.pkl"
+        tmp = out.with_suffix(".part")
+        tmp.write_bytes(pickle.dumps(result))
+        # the result first: a probe that found a send stuck leaves it pending, and the group's
+        # destroy would wait that out (the collective timeout); the world is ended once every
+        # rank has its result
+        tmp.replace(out)
         if dist.is_initialized():
             dist.destroy_process_group()
     except BaseException:
-        (folder / f"failed-{rank}.txt").write_text(traceback.format_exc())
-        return 1
-    out = folder / f"result-{rank}.pkl"
-    tmp = out.with_suffix(".part")
-    tmp.write_bytes(pickle.dumps(result))
-    tmp.replace(out)
+        if not (folder / f"result-{rank}.pkl").exists():
+            (folder / f"failed-{rank}.txt").write_text(traceback.format_exc())
+            return 1
     return 0
 
 

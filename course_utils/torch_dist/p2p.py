@@ -102,6 +102,13 @@ class P2PUnwaited(RuntimeError):
             "before you read or reuse its tensor.")
 
 
+#: False in a process that ends right after its check (a rank of
+#: :func:`course_utils.checks.spawn.spawn`'s world): :func:`p2p_watchdog` then leaves its
+#: throwaway group to the process's end. Destroying a gloo group waits for its pending
+#: requests: after a send found stuck, the group's whole timeout (35 s), for nothing.
+DESTROY_SCRATCH = True
+
+
 class P2PWatch:
     """What :func:`p2p_watchdog` yields: ``clean`` stays True while no wait failed. A caller
     that catches a learner's error inside the block sets it False: requests left behind by a
@@ -200,7 +207,8 @@ def p2p_watchdog(seconds: float = 5.0) -> Iterator[P2PWatch]:
     finally:
         if not failed and watch.clean:
             unwaited = _land_unwaited(posted, limit)
-        _leave_together(scratch, seconds)
+        if DESTROY_SCRATCH:
+            _leave_together(scratch, seconds)
     if unwaited:
         raise P2PUnwaited(rank, unwaited)
 
