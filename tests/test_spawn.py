@@ -192,13 +192,11 @@ def _unit1_ring(slip: tuple[str, str]) -> str:
     """Unit 1's ring solution, with one slip a learner makes (``(old, new)``)."""
     import re
 
-    import nbformat
+    from course_utils.assignments.lessons import NOTEBOOK_DIR, read
+    from course_utils.notebook_cells import find_cell, without_px
 
-    nb = nbformat.read(os.path.join(os.path.dirname(__file__), "..", "notebooks",
-                                    "01_collectives.ipynb"), as_version=4)
-    src = next(c.source for c in nb.cells
-               if c.metadata.get("nbgrader", {}).get("grade_id") == "ex1-solution")
-    src = re.sub(r"[ \t]*### (BEGIN|END) SOLUTION\n", "", src.replace("%%px\n", ""))
+    cell = find_cell(read(NOTEBOOK_DIR / "01_collectives.ipynb").cells, "ex1-solution")
+    src = re.sub(r"[ \t]*### (BEGIN|END) SOLUTION\n", "", without_px(cell.source))
     assert slip[0] in src
     return src.replace(slip[0], slip[1], 1)
 

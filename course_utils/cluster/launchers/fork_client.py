@@ -96,10 +96,9 @@ MOMENTARY = ("PYTEST_CURRENT_TEST", "IPP_CONNECTION_INFO", "TF_CONFIG")
 
 #: Variables that name the cluster an engine belongs to. Nothing the server imports reads them,
 #: so one server forks the engines of every cluster this process runs; each child gets its own
-#: values,
-#: while ``/proc/PID/environ`` shows those of the cluster the server was started for (process
-#: scans that must find a run's processes use a mark that is part of the key, such as the
-#: grader's ``COURSE_GRADING_RUN``).
+#: values, while ``/proc/PID/environ`` shows those of the cluster the server was started for
+#: (process scans that must find a run's processes use a mark that is part of the key, such as
+#: the grader's ``COURSE_GRADING_RUN``).
 CLUSTER_VARS = ("IPP_CLUSTER_ID", "IPP_PROFILE_DIR", settings.ENV_CLUSTER_ID)
 
 
