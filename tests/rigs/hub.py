@@ -102,7 +102,8 @@ class LearnerLab:
     service_token: str
     token: str = ""
     kernel: str = ""
-    outputs: list[str] = field(default_factory=list)
+    #: output that came with another request's parent header (a failure's message shows it)
+    stray: list[str] = field(default_factory=list)
 
     def login(self) -> None:
         """A token of the learner's own (what their browser's login gives them)."""
@@ -159,23 +160,31 @@ class LearnerLab:
             "parent_header": {}, "metadata": {}, "channel": "shell",
             "content": {"code": code, "silent": False, "store_history": False,
                         "user_expressions": {}, "allow_stdin": False, "stop_on_error": True}}))
-        out, err = [], []
+        # a display with an id is shown as its last update, as the browser shows it (``%%px``
+        # output is one display per rank and stream, replaced as output arrives)
+        out: dict[str, str] = {}
+        err: list[str] = []
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
                 msg = json.loads(conn.recv())
-                if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                    continue
                 kind, content = msg["msg_type"], msg["content"]
-                if kind == "stream":
-                    (out if content["name"] == "stdout" else err).append(content["text"])
+                if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    if kind in ("stream", "display_data", "update_display_data"):
+                        self.stray.append(str(content.get("text") or content.get("data")))
+                    continue
+                if kind == "stream" and content["name"] != "stdout":
+                    err.append(content["text"])
+                elif kind == "stream":
+                    out[f"stream {len(out)}"] = content["text"]
                 elif kind == "error":
                     err.append(f"{content['ename']}: {content['evalue']}")
-                elif kind in ("execute_result", "display_data"):
-                    out.append(content["data"].get("text/plain", ""))
+                elif kind in ("execute_result", "display_data", "update_display_data"):
+                    key = (content.get("transient") or {}).get("display_id") or len(out)
+                    out[f"display {key}"] = content["data"].get("text/plain", "")
                 elif kind == "status" and content["execution_state"] == "idle":
-                    return "".join(out), "".join(err)
+                    return "".join(out.values()), "".join(err)
         finally:
             conn.close()
         raise RigError(f"{self.user}'s cell did not finish within {timeout:.0f} s: "
-                       f"{''.join(out)[-500:]} {''.join(err)[-500:]}")
+                       f"{''.join(out.values())[-500:]} {''.join(err)[-500:]}")

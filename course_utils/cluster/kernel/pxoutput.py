@@ -39,8 +39,10 @@ from typing import Any
 
 from . import registry
 
-#: Seconds a finished ``%%px`` cell waits for the engines' last output messages.
-OUTPUT_GRACE = 5.0
+#: Seconds a finished ``%%px`` cell waits for the engines' last output messages (they pass
+#: through the controller apart from the results). 15, not 5: with four learners on the
+#: workshop rig a cell's output has gone missing. It waits only while output is missing.
+OUTPUT_GRACE = 15.0
 _LABEL_RE = re.compile(r"^\[(stdout|stderr|output):(\d+)\]")
 _PATCHED_ATTR = "_course_pxoutput"
 
