@@ -40,6 +40,13 @@ os.environ.setdefault("COURSE_WORKDIR", os.path.join(
     tempfile.gettempdir(), f"course-workdir-{os.environ['COURSE_CLUSTER_ID']}"))
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    # the longest files first, so that no long file starts at the end (tests/file_order.py)
+    from tests import file_order
+
+    file_order.sort_items(items, config.rootpath)
+
+
 def pytest_sessionstart(session) -> None:
     # The course's Jupyter kernel, as `course lab` / `make lab` install it: `course doctor`
     # checks it. Idempotent (nbval runs notebooks with --nbval-current-env, not through it);

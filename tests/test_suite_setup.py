@@ -62,3 +62,28 @@ def test_every_test_has_a_check_that_can_fail():
              if isinstance(f, ast.FunctionDef) and f.name.startswith("test_")
              and not _checks_something(f, helpers)]
     assert not empty, f"tests that check nothing: {empty}"
+
+
+def test_the_longest_files_are_queued_first_and_a_files_items_keep_their_order():
+    from types import SimpleNamespace
+
+    from tests import file_order
+
+    root = Path("/repo")
+    names = [("tests/test_small.py", "a"), ("notebooks/04_tf_classic_ps.ipynb", "Cell 0"),
+             ("tests/test_small.py", "b"), ("tests/test_workshop.py", "x"),
+             ("notebooks/04_tf_classic_ps.ipynb", "Cell 1"), ("tests/test_other.py", "c")]
+    items = [SimpleNamespace(path=root / f, name=n) for f, n in names]
+    file_order.sort_items(items, root)
+    assert [(file_order.file_of(i.path, root), i.name) for i in items] == [
+        ("tests/test_workshop.py", "x"), ("notebooks/04_tf_classic_ps.ipynb", "Cell 0"),
+        ("notebooks/04_tf_classic_ps.ipynb", "Cell 1"), ("tests/test_small.py", "a"),
+        ("tests/test_small.py", "b"), ("tests/test_other.py", "c")]
+
+
+def test_every_file_the_order_names_is_in_the_suite():
+    from tests import file_order
+
+    gone = [f for f in file_order.SECONDS if not (ROOT / f).is_file()]
+    assert not gone, f"tests/file_order.py names files that are gone: {gone}"
+    assert "--no-loadscope-reorder" in (ROOT / "pyproject.toml").read_text()
