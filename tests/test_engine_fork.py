@@ -76,7 +76,11 @@ def test_engines_are_children_of_one_server_that_imported_torch():
         engines = [g["pid"] for g in cc.run(facts)]
     finally:
         cu.stop(force=True)
-    assert wait_gone([server, *engines]), "the server or an engine outlived cu.stop()"
+    assert wait_gone(engines), "an engine outlived cu.stop()"
+    # the server stays, idle, for the next cluster; ending the process's servers ends it
+    assert procs.pid_alive(server) and not children(server)
+    fork_client.stop_fork_servers()
+    assert wait_gone([server]), "the server outlived the end of the process's servers"
     tag = fork_client.cluster_tag(sys.executable, {"IPP_CLUSTER_ID": CID})
     assert list(fork_client.socket_dir().glob(f"{tag}-*")) == []  # its socket went with it
 
@@ -252,10 +256,11 @@ def test_stopping_a_cluster_leaves_the_processs_helper_server():
         fork_client.stop_fork_servers()
 
 
-def test_a_clusters_stop_ends_what_its_server_forked_that_the_stop_did_not_know_of():
+def test_a_clusters_stop_ends_what_its_server_forked_and_the_next_cluster_reuses_the_server():
     """An engine a joined kernel restarted is forked by the owner's server but recorded only
-    in that kernel; the owner's stop ends the server, and the server what it forked (``course
-    lab`` left such engines once in a CI run)."""
+    in that kernel; the owner's stop ends what the server forked (``course lab`` left such
+    engines once in a CI run). The server stays, idle: the next cluster this process starts
+    with the same environment is forked by it, without importing torch again."""
     from course_utils.cluster.launchers import fork_protocol
 
     cid = f"{CID}-unknown"
@@ -267,7 +272,16 @@ def test_a_clusters_stop_ends_what_its_server_forked_that_the_stop_did_not_know_
                                         dict(os.environ), os.getcwd())
     assert procs.parent(stray) == server
     cc.stop(force=True)
-    assert wait_gone([server, stray]), "the server or what it forked outlived the stop"
+    assert wait_gone([stray]), "what the server forked outlived the stop"
+    assert procs.pid_alive(server) and not children(server)
+    try:
+        cc = cu.start(n=1, cluster_id=f"{cid}-next")
+        assert servers(f"{cid}-next") == [server]
+        assert procs.parent(cc.run(os.getpid)[0]) == server
+    finally:
+        cu.stop(force=True)
+        fork_client.stop_fork_servers()
+    assert wait_gone([server])
 
 
 def test_a_request_for_another_program_is_not_forked():

@@ -20,11 +20,14 @@ with the same interpreter, working directory and environment (but for the variab
 a cluster, :data:`CLUSTER_VARS`), is forked by it too, instead of importing torch again.
 
 Nothing here listens on the network: the server's socket is a Unix socket in a directory only
-this user can enter. The server lives while the process that started it lives, ends when the
-last cluster it served is stopped (:func:`stop_fork_servers`), and after a minute without a
-child. A process without a cluster that starts checks' worlds gets a server of its own for
-them (:func:`helper_server_socket`). ``COURSE_ENGINE_FORK=0`` starts every engine as its own
-``python`` instead; so does any failure to reach a server (a warning in the log says why).
+this user can enter. The server lives while the process that started it lives and exits after
+a minute without a child. When the last cluster it served is stopped (:func:`stop_fork_servers`)
+it kills what it forked that is still there and stays for that minute: a cluster started again
+with the same environment (``cu.restart()``, the next test of a test run) is forked by it
+instead of importing torch again (about 3.5 s of CPU). A process without a cluster that starts
+checks' worlds gets a server of its own for them (:func:`helper_server_socket`).
+``COURSE_ENGINE_FORK=0`` starts every engine as its own ``python`` instead; so does any
+failure to reach a server (a warning in the log says why).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import contextlib
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -112,8 +116,8 @@ def server_key(python: str, env: dict[str, str], cwd: str = "") -> str:
 
 
 def cluster_tag(python: str, env: dict[str, str]) -> str:
-    """What the socket names of every server for one cluster's engines (any process's) begin
-    with: the interpreter and the cluster id."""
+    """What the names of the links to every server of one cluster's engines (any process's)
+    begin with: the interpreter and the cluster id."""
     blob = json.dumps([python, env.get("IPP_CLUSTER_ID", "")]).encode()
     return hashlib.sha256(blob).hexdigest()[:10]
 
@@ -151,7 +155,9 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
         fresh = proc is None or proc.poll() is not None
         if fresh:
             clusters = set()
-            path = str(socket_dir() / f"{cluster_tag(python, env)}-{os.getpid()}-{key}.sock")
+            # named for no cluster: another process finds it only through the link named for
+            # a cluster it serves (:func:`_alias`), which goes when that cluster stops
+            path = str(socket_dir() / f"server-{os.getpid()}-{key}.sock")
             deadline = time.monotonic() + (settings.start_timeout() if timeout is None
                                            else timeout)
             remove_stale_sockets()
@@ -171,11 +177,9 @@ def _server_for(python: str, env: dict[str, str], cwd: str,
 
 
 def _alias(path: str, tag: str, key: str, cluster_id: str) -> None:
-    """A link named as a server of the cluster with ``tag`` would be, to the socket at ``path``:
-    a kernel that joined that cluster finds the server (:func:`_other_server`)."""
+    """A link named for the cluster with ``tag``, to the server's socket at ``path``: a kernel
+    that joined that cluster finds the server (:func:`_other_server`) while the cluster runs."""
     link = socket_dir() / f"{tag}-{os.getpid()}-{key}.sock"
-    if str(link) == path:
-        return
     with contextlib.suppress(OSError):
         link.unlink()
     with contextlib.suppress(OSError):
@@ -273,13 +277,15 @@ def fork_engine(args: list[str], env: dict[str, str], cwd: str, output_file: str
 
 
 def own_server_socket() -> str | None:
-    """The socket of a running fork server this process started (a cluster's first, else a
-    helper server's), or None: a helper that needs a short-lived torch process of its own asks
-    it to fork one (:func:`course_utils.checks.spawn.spawn`)."""
-    with _LOCK:  # a cluster's server first, then one started for helpers alone
-        alive = sorted((not clusters, path) for p, clusters, _, path in _SERVERS.values()
-                       if p.poll() is None)
-    return next((path for _, path in alive if os.path.exists(path)), None)
+    """The socket of a running fork server this process started (a running cluster's first,
+    then one started with this process's environment, then an idle one a stopped cluster left),
+    or None: a helper that needs a short-lived torch process of its own asks it to fork one
+    (:func:`course_utils.checks.spawn.spawn`)."""
+    own = server_key(sys.executable, dict(os.environ), os.getcwd())
+    with _LOCK:  # a running cluster's server first, then one with this process's environment
+        alive = sorted((not clusters, key != own, path)
+                       for key, (p, clusters, _, path) in _SERVERS.items() if p.poll() is None)
+    return next((path for *_, path in alive if os.path.exists(path)), None)
 
 
 def helper_server_socket() -> str | None:
@@ -308,10 +314,13 @@ def servers_of(cluster_id: str) -> list[int]:
 
 
 def stop_fork_servers(cluster_id: str | None = None) -> None:
-    """End the servers this process started; with ``cluster_id``, those that no other running
-    cluster of this process uses. Engines are stopped first, separately; a server ended here
-    kills what it forked that is still there (an engine a joined kernel restarted and the
-    stop did not know of), while one whose process exited leaves its engines running."""
+    """With ``cluster_id``: the servers that no other running cluster of this process uses
+    kill what they forked that is still there (an engine a joined kernel restarted and the stop
+    did not know of, a nanny) and stay, idle, for the next cluster this process starts with the
+    same environment (``cu.restart()``, a stop and a start again) or for checks' worlds; each
+    exits after :data:`~.ipyparallel_fork_server.IDLE_S` s without a child. Without: end every
+    server this process started, with what it forked. Engines are stopped first, separately; a
+    server whose process exited leaves its engines running."""
     with _LOCK:
         gone = [cid for cid in _ALIASES if cluster_id in (None, cid)]
         links = [link for cid in gone for link in _ALIASES.pop(cid)]
@@ -319,11 +328,13 @@ def stop_fork_servers(cluster_id: str | None = None) -> None:
                   if cluster_id is None or cluster_id in clusters]
         for k in served:
             _SERVERS[k][1].discard(cluster_id)
-        # a server ends with the last running cluster it served (a helper server, none, stays)
-        procs = [_SERVERS.pop(k)[0] for k in served if cluster_id is None or not _SERVERS[k][1]]
+        idle = [_SERVERS[k][0] for k in served if cluster_id is not None and not _SERVERS[k][1]]
+        procs = [_SERVERS.pop(k)[0] for k in served] if cluster_id is None else []
     for link in links:
         with contextlib.suppress(OSError):
             link.unlink()
+    for p in idle:
+        _end_children(p.pid)
     for p in procs:
         with contextlib.suppress(OSError):
             p.terminate()
@@ -333,6 +344,20 @@ def stop_fork_servers(cluster_id: str | None = None) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(timeout=5)
+
+
+def _end_children(server: int, timeout: float = 5.0) -> None:
+    """SIGKILL what the server ``server`` forked that is still there, each child with its
+    session (each is a session leader: an engine's nanny goes too); until they are gone (the
+    server reaps them) or ``timeout`` s."""
+    try:
+        kids = psutil.Process(server).children()
+    except psutil.Error:
+        return
+    for kid in kids:
+        with contextlib.suppress(OSError):
+            os.killpg(kid.pid, signal.SIGKILL)
+    psutil.wait_procs(kids, timeout=timeout)
 
 
 class ForkedEngineLauncher(LocalEngineLauncher):

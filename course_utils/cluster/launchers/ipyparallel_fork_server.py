@@ -13,7 +13,8 @@ signals to it) and the launcher of a graded check's own ranks
 
 It exits when the process that started it is gone (its children stay: they may be engines
 of a cluster another process runs), on SIGTERM (its children that are still there are killed
-with it: the clusters it served have stopped), and after :data:`IDLE_S` s without a child.
+with it: the clusters it served have stopped), and after :data:`IDLE_S` s without a child (a
+cluster's stop kills its children and leaves it to that: the next cluster is forked by it).
 Standard library and the engine's own modules only.
 """
 
@@ -128,7 +129,7 @@ def serve(path: str) -> None:
         with contextlib.suppress(Exception):
             __import__(name)
 
-    # SIGTERM (cu.stop()) ends the loop below, so that the socket file is removed
+    # SIGTERM (the end of the process's clusters) ends the loop below; the socket file goes
     signal.signal(signal.SIGTERM, _exit_on_signal)
     fork_protocol.FORK_SERVER = path  # what its children ask for their helper processes
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -161,7 +162,7 @@ def serve(path: str) -> None:
             elif not children and time.monotonic() - idle_since > IDLE_S:
                 break
     except SystemExit:
-        # SIGTERM: the last cluster it served is being stopped, its engines were told to go;
+        # SIGTERM: the clusters it served are being stopped, their engines were told to go;
         # whatever it forked and is still there (an engine a joined kernel restarted, missed by
         # the stop; a nanny) goes with it, its session too (each child is a session leader)
         for pid in children:
