@@ -511,12 +511,20 @@ def notebook_cells(driver: WebDriver) -> list[CellResult]:
 
 
 def kernel_status(driver: WebDriver) -> str:
-    """The visible notebook's kernel status as its toolbar says it ("idle", "busy", ...)."""
+    """The visible notebook's kernel status as its toolbar says it ("idle", "busy", ...), else
+    as the status bar says it ("<kernel name> | Idle"): under load JupyterLab once drew a
+    notebook's toolbar with nbgrader's button alone, and the status bar was the only place
+    that showed the kernel (a CI-like run here)."""
     text = driver.execute_script(
         "const e = document.querySelector("
         "  arguments[0] + ' .jp-Notebook-ExecutionIndicator-tooltip');"
-        "return e ? e.textContent : '';", NOTEBOOK_PANEL_CSS) or ""
-    m = re.search(r"Kernel status:\s*(\w+)", text)
+        "if (e) return e.textContent;"
+        "const bar = document.querySelector('#jp-main-statusbar');"
+        "return bar ? 'status bar: ' + bar.innerText : '';", NOTEBOOK_PANEL_CSS) or ""
+    m = (re.search(r"Kernel status:\s*(\w+)", text)
+         or re.search(r"^status bar: .*?\|\s*(Idle|Busy|Starting|Restarting|Connecting|"
+                      r"Disconnected|Dead|Unknown|Initializing|Terminating|Autorestarting)\b",
+                      text, re.S))
     return m.group(1).lower() if m else ""
 
 
