@@ -23,9 +23,9 @@ Nothing here listens on the network: the server's socket is a Unix socket in a d
 this user can enter. The server lives while the process that started it lives and exits after
 a minute without a child. When the last cluster it served is stopped (:func:`stop_fork_servers`)
 it kills what it forked that is still there and stays for that minute: a cluster started again
-with the same environment (``cu.restart()``, the next test of a test run) is forked by it
-instead of importing torch again (about 3.5 s of CPU). A process without a cluster that starts
-checks' worlds gets a server of its own for them (:func:`helper_server_socket`).
+with the same environment (``cu.stop()`` then ``cu.start()``, the next test of a test run) is
+forked by it instead of importing torch again (about 3.5 s of CPU). A process without a cluster
+that starts checks' worlds gets a server of its own for them (:func:`helper_server_socket`).
 ``COURSE_ENGINE_FORK=0`` starts every engine as its own ``python`` instead; so does any
 failure to reach a server (a warning in the log says why).
 """
@@ -317,7 +317,7 @@ def stop_fork_servers(cluster_id: str | None = None) -> None:
     """With ``cluster_id``: the servers that no other running cluster of this process uses
     kill what they forked that is still there (an engine a joined kernel restarted and the stop
     did not know of, a nanny) and stay, idle, for the next cluster this process starts with the
-    same environment (``cu.restart()``, a stop and a start again) or for checks' worlds; each
+    same environment (``cu.stop()`` then ``cu.start()``) or for checks' worlds; each
     exits after :data:`~.ipyparallel_fork_server.IDLE_S` s without a child. Without: end every
     server this process started, with what it forked. Engines are stopped first, separately; a
     server whose process exited leaves its engines running."""
