@@ -227,3 +227,20 @@ def test_first_failure_names_the_rank_whose_error_is_its_own():
     assert first_failure([lost, own, {"rank": 2}]) is own
     assert first_failure([lost, {"rank": 1}]) is lost  # only knock-ons: the first of them
     assert first_failure([{"rank": 0}, {"rank": 1}]) is None
+
+
+def test_a_rank_with_its_result_waits_for_its_peers_results_or_a_failure(tmp_path):
+    """A rank keeps its connections until the world is over: every rank has a result, or one
+    failed (its traceback is there); else it gives up after its timeout."""
+    from course_utils.checks.spawned_ranks import wait_for_peers
+
+    (tmp_path / "result-0.pkl").write_bytes(b"")
+    t0 = time.monotonic()
+    assert wait_for_peers(tmp_path, 2, timeout=0.3) is False
+    assert time.monotonic() - t0 >= 0.3
+    (tmp_path / "failed-1.txt").write_text("Traceback ...")
+    assert wait_for_peers(tmp_path, 2, timeout=5) is True
+    (tmp_path / "failed-1.txt").unlink()
+    (tmp_path / "result-1.pkl").write_bytes(b"")
+    t0 = time.monotonic()
+    assert wait_for_peers(tmp_path, 2, timeout=5) is True and time.monotonic() - t0 < 1

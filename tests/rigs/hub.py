@@ -138,8 +138,17 @@ class LearnerLab:
         if code not in (200, 201):
             raise RigError(f"{self.user}: saving {path} gave HTTP {code}")
 
-    def start_kernel(self) -> None:
-        _, specs = self.api("/kernelspecs")
+    def start_kernel(self, timeout: float = 60.0) -> None:
+        """A kernel of the lab's default kernelspec. The hub may call a lab ready a moment
+        before its proxy routes to it (a clean run here got 404 for one of four learners who
+        logged in at once): the lab's API is asked until it answers."""
+        deadline = time.monotonic() + timeout
+        code, specs = self.api("/kernelspecs")
+        while code in (404, 424, 502, 503) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            code, specs = self.api("/kernelspecs")
+        if code != 200:
+            raise RigError(f"{self.user}: the lab's kernelspecs gave HTTP {code}")
         code, model = self.api("/kernels", "POST", {"name": specs.get("default", "python3")})
         if code != 201:
             raise RigError(f"{self.user}: starting a kernel gave HTTP {code}")
