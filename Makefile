@@ -37,14 +37,16 @@ test: install
 # Every mutant of every solution (tools/mutation) against its exercise's visible tests, as
 # nbval's run plants them (tests/notebook_items/mutants.py), then the report in docs/mutants.md.
 # An instructor's check before a workshop; `make test` runs MUTANTS_PER_RUN of them.
+# `make mutants UNIT=03` runs one unit's and replaces only that unit's lines of the report.
 MUTANTS_OUT ?= build/mutants.jsonl
-MUTANTS_K   ?= mut_
+UNIT        ?=
+MUTANTS_K   ?= mut_$(UNIT)
 
 mutants: install
 	mkdir -p $(dir $(MUTANTS_OUT)) && rm -f $(MUTANTS_OUT)
 	-COURSE_MUTANTS_PER_EXERCISE=all COURSE_MUTANTS_OUT=$(abspath $(MUTANTS_OUT)) \
 		$(PY) -m pytest -n $(TEST_WORKERS) notebooks -k "$(MUTANTS_K)" -q
-	$(PY) -m tools.mutation.report $(MUTANTS_OUT) --out docs/mutants.md
+	$(PY) -m tools.mutation.report $(MUTANTS_OUT) --out docs/mutants.md $(if $(UNIT),--update)
 
 # tools/install_venv.py installs with uv, from the indexes pip is configured with (27 s for
 # the whole course on a 2-core machine, where pip took 161 s), and falls back to pip.

@@ -78,3 +78,29 @@ def test_the_report_counts_each_exercise_and_lists_what_was_not_killed(tmp_path)
     report.main([str(path), "--out", str(out)])  # again: the generated part is replaced
     body = out.read_text()
     assert body.startswith("# Mutants\n\nhow to read it") and body.count("## Per exercise") == 1
+
+
+def test_the_report_updates_one_units_lines_and_keeps_the_others(tmp_path):
+    def line(nb, mutant, status, seconds):
+        return json.dumps({"mutant": f"ex1-solution/delete: {mutant}", "notebook": nb,
+                           "exercise": "ex1-solution", "status": status,
+                           "seconds": seconds}) + "\n"
+
+    full, one = tmp_path / "all.jsonl", tmp_path / "one.jsonl"
+    full.write_text(line("01_collectives.ipynb", "a", "killed", 40.0)
+                    + line("02_data.ipynb", "b", "survived", 1.0)
+                    + line("03_ddp.ipynb", "c", "killed", 2.0))
+    out = tmp_path / "mutants.md"
+    report.main([str(full), "--out", str(out)])
+    one.write_text(line("01_collectives.ipynb", "a", "killed", 4.0)
+                   + line("01_collectives.ipynb", "z", "equivalent", 1.0))
+    report.main([str(one), "--out", str(out), "--update"])
+    body = out.read_text()
+    assert "| 01 | ex1-solution | 2 | 1 | 1 | 0 | 0 | 0 | 4.0 / 4.0 |" in body, body
+    assert "40.0" not in body
+    assert "| 03 | ex1-solution | 1 | 1 | 0 | 0 | 0 | 0 | 2.0 / 2.0 |" in body
+    assert body.index("| 01 |") < body.index("| 02 |") < body.index("| 03 |")
+    assert "| all | | 4 | 2 | 1 | 1 | 0 | 0 | |" in body
+    assert "`02` ex1-solution/delete: b: **survived**" in body  # another unit's gap stays
+    report.main([str(one), "--out", str(out)])  # without --update: the outcomes alone
+    assert "| 02 |" not in out.read_text()
