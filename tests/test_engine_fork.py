@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -217,6 +218,26 @@ def test_server_key_names_python_cwd_and_every_variable_but_the_momentary_and_cl
         assert key == fork_client.server_key("/usr/bin/python3", {**env, name: "other"}, "/w")
     assert key != fork_client.server_key("/opt/python3", env, "/w")
     assert oct(fork_client.socket_dir().stat().st_mode & 0o777) == "0o700"
+
+
+def test_importing_scikit_learn_or_compiling_keeps_the_server_key():
+    """The course's offline data imports scikit-learn in the process, which writes variables
+    into its environment: a cluster started after it is forked by the same server."""
+    code = ("import os, sys\n"
+            "from course_utils.cluster.launchers.fork_client import server_key\n"
+            "key = lambda: server_key(sys.executable, dict(os.environ), os.getcwd())\n"
+            "before = dict(os.environ), key()\n"
+            "import sklearn\n"
+            "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
+            "cache_dir()\n"
+            "print(sorted(set(os.environ) - set(before[0])), key() == before[1])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={k: v for k, v in os.environ.items()
+                                           if not k.startswith(("KMP_", "TORCHINDUCTOR_"))})
+    assert out.returncode == 0, out.stderr[-2000:]
+    added, same = out.stdout.strip().rsplit(" ", 1)
+    assert "KMP_INIT_AT_FORK" in added and "TORCHINDUCTOR_CACHE_DIR" in added, added
+    assert same == "True", f"{added} changed the key"
 
 
 def test_a_server_that_exits_idle_as_it_is_asked_is_replaced_not_given_up(monkeypatch):

@@ -93,9 +93,13 @@ def socket_dir() -> Path:
 
 #: Variables that change while a process runs and that nothing reads before an engine starts
 #: (its child gets the request's values): pytest's name of the running test, the connection
-#: info ipyparallel hands the engines, a kernel's TF_CONFIG. A difference in them alone does
-#: not start another server (each one imports torch again, 2-3 s of CPU).
-MOMENTARY = ("PYTEST_CURRENT_TEST", "IPP_CONNECTION_INFO", "TF_CONFIG")
+#: info ipyparallel hands the engines, a kernel's TF_CONFIG, and what libraries write into
+#: ``os.environ`` as they run (importing scikit-learn, as the course's offline data does, sets
+#: Intel OpenMP's two ``KMP_`` variables, which torch's GNU OpenMP never reads; torch's compiler
+#: sets its cache folder when it first compiles). A difference in them alone does not start
+#: another server (each one imports torch again, 2-3 s of CPU).
+MOMENTARY = ("PYTEST_CURRENT_TEST", "IPP_CONNECTION_INFO", "TF_CONFIG", "KMP_DUPLICATE_LIB_OK",
+             "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR")
 
 
 #: Variables that name the cluster an engine belongs to. Nothing the server imports reads them,
