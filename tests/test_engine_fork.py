@@ -220,9 +220,10 @@ def test_server_key_names_python_cwd_and_every_variable_but_the_momentary_and_cl
     assert oct(fork_client.socket_dir().stat().st_mode & 0o777) == "0o700"
 
 
-def test_importing_scikit_learn_or_compiling_keeps_the_server_key():
-    """The course's offline data imports scikit-learn in the process, which writes variables
-    into its environment: a cluster started after it is forked by the same server."""
+def test_importing_scikit_learn_tensorflow_or_compiling_keeps_the_server_key():
+    """The course's offline data imports scikit-learn in the process, unit 8 TensorFlow after
+    ``cu.start()``; both write variables into its environment: a cluster started after them
+    is forked by the same server."""
     code = ("import os, sys\n"
             "from course_utils.cluster.launchers.fork_client import server_key\n"
             "key = lambda: server_key(sys.executable, dict(os.environ), os.getcwd())\n"
@@ -230,13 +231,18 @@ def test_importing_scikit_learn_or_compiling_keeps_the_server_key():
             "import sklearn\n"
             "from torch._inductor.runtime.cache_dir_utils import cache_dir\n"
             "cache_dir()\n"
+            "import tensorflow\n"
+            "from tensorflow.python import tpu\n"
             "print(sorted(set(os.environ) - set(before[0])), key() == before[1])\n")
+    momentary = ("KMP_", "TORCHINDUCTOR_", "TF2_", "ENABLE_RUNTIME_", "TPU_ML_", "HDF5_PLUGIN")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, env={k: v for k, v in os.environ.items()
-                                           if not k.startswith(("KMP_", "TORCHINDUCTOR_"))})
+                                           if not k.startswith(momentary)})
     assert out.returncode == 0, out.stderr[-2000:]
-    added, same = out.stdout.strip().rsplit(" ", 1)
-    assert "KMP_INIT_AT_FORK" in added and "TORCHINDUCTOR_CACHE_DIR" in added, added
+    added, same = out.stdout.strip().splitlines()[-1].rsplit(" ", 1)
+    for name in ("KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR", "TF2_BEHAVIOR",
+                 "TPU_ML_PLATFORM"):
+        assert name in added, added
     assert same == "True", f"{added} changed the key"
 
 

@@ -94,12 +94,18 @@ def socket_dir() -> Path:
 #: Variables that change while a process runs and that nothing reads before an engine starts
 #: (its child gets the request's values): pytest's name of the running test, the connection
 #: info ipyparallel hands the engines, a kernel's TF_CONFIG, and what libraries write into
-#: ``os.environ`` as they run (importing scikit-learn, as the course's offline data does, sets
-#: Intel OpenMP's two ``KMP_`` variables, which torch's GNU OpenMP never reads; torch's compiler
-#: sets its cache folder when it first compiles). A difference in them alone does not start
-#: another server (each one imports torch again, 2-3 s of CPU).
+#: ``os.environ`` as they import or run: importing scikit-learn (the course's offline data)
+#: sets Intel OpenMP's two ``KMP_`` variables, which torch's GNU OpenMP never reads; torch's
+#: compiler sets its cache folder when it first compiles; importing TensorFlow sets five, which
+#: it sets again in any process that imports it (``TF2_BEHAVIOR`` always to 1, h5py's plugin
+#: path to ``disable`` before it imports h5py). A difference in
+#: them alone does not start another server (each one imports torch again, 2-3 s of CPU, and
+#: holds its memory): a kernel that imported TensorFlow after ``cu.start()`` (unit 8) started
+#: two more servers.
 MOMENTARY = ("PYTEST_CURRENT_TEST", "IPP_CONNECTION_INFO", "TF_CONFIG", "KMP_DUPLICATE_LIB_OK",
-             "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR")
+             "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR", "TF2_BEHAVIOR",
+             "ENABLE_RUNTIME_UPTIME_TELEMETRY", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION",
+             "HDF5_PLUGIN_PATH")
 
 
 #: Variables that name the cluster an engine belongs to. Nothing the server imports reads them,
