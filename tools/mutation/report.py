@@ -15,6 +15,7 @@ import json
 import re
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 STATUSES = ("killed", "equivalent", "survived", "timeout")
@@ -55,7 +56,7 @@ def rows_of(outcomes: list[dict]) -> list[str]:
     return lines
 
 
-def table(outcomes: list[dict], kept: list[str] = ()) -> str:
+def table(outcomes: list[dict], kept: Sequence[str] = ()) -> str:
     """The rows of ``outcomes`` and the ``kept`` rows of other units, by unit and exercise,
     then the total of them all."""
     rows = sorted([*kept, *rows_of(outcomes)],
@@ -67,7 +68,7 @@ def table(outcomes: list[dict], kept: list[str] = ()) -> str:
     return "\n".join([HEAD, *rows, "| all | | " + " | ".join(map(str, total)) + " | |"])
 
 
-def not_killed(outcomes: list[dict], kept: list[str] = ()) -> str:
+def not_killed(outcomes: list[dict], kept: Sequence[str] = ()) -> str:
     """The mutants that survived or timed out, and those that damaged the group: the gaps
     (after the ``kept`` lines of other units)."""
     out = list(kept)

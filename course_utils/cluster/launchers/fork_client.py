@@ -98,10 +98,9 @@ def socket_dir() -> Path:
 #: sets Intel OpenMP's two ``KMP_`` variables, which torch's GNU OpenMP never reads; torch's
 #: compiler sets its cache folder when it first compiles; importing TensorFlow sets five, which
 #: it sets again in any process that imports it (``TF2_BEHAVIOR`` always to 1, h5py's plugin
-#: path to ``disable`` before it imports h5py). A difference in
-#: them alone does not start another server (each one imports torch again, 2-3 s of CPU, and
-#: holds its memory): a kernel that imported TensorFlow after ``cu.start()`` (unit 8) started
-#: two more servers.
+#: path to ``disable`` before it imports h5py). A difference in them alone does not start
+#: another server (each one imports torch again, 2-3 s of CPU, and holds its memory): a kernel
+#: that imported TensorFlow after ``cu.start()`` (unit 8) started two more servers.
 MOMENTARY = ("PYTEST_CURRENT_TEST", "IPP_CONNECTION_INFO", "TF_CONFIG", "KMP_DUPLICATE_LIB_OK",
              "KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR", "TF2_BEHAVIOR",
              "ENABLE_RUNTIME_UPTIME_TELEMETRY", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION",
